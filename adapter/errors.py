@@ -1,0 +1,78 @@
+"""The adapter's exact error classes.
+
+Every error a hold-family call raises is one of these. ``classification`` is the word the
+supervisor branches on; ``exit_code`` is what ``holdwarden hold|release|open|status`` exits
+with, so scripts can branch too.
+"""
+
+from __future__ import annotations
+
+
+class AdapterError(Exception):
+    """Base of every adapter error."""
+
+    classification = "error"
+    exit_code = 1
+
+
+class Rejected(AdapterError):
+    """The call was refused: its deadline passed, the object cannot be held, or a newer call won."""
+
+    classification = "rejected"
+    exit_code = 3
+
+
+class StaleHold(Rejected):
+    """A newer hold instance (or none) is in force; this call has been overtaken."""
+
+    exit_code = 4
+
+
+class NotFound(Rejected):
+    """The TrainJob (or, in Kueue mode, its Workload) does not exist."""
+
+    exit_code = 5
+
+
+class Invalid(AdapterError):
+    """The call itself is malformed: no deadline, a naive deadline, a bad instance or object."""
+
+    classification = "invalid"
+    exit_code = 2
+
+
+class Unsupported(AdapterError):
+    """Hold is not available here; ``reason`` says why (from preflight)."""
+
+    classification = "unsupported"
+    exit_code = 6
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"hold is not supported here: {reason}")
+
+
+class PodsRemain(AdapterError):
+    """Release would run the object while pods of its previous execution remain."""
+
+    classification = "pods-remain"
+    exit_code = 7
+
+
+class Conflict(AdapterError):
+    """Every try (the first plus eight retries) met a resourceVersion conflict."""
+
+    classification = "conflict"
+    exit_code = 8
+
+
+__all__ = [
+    "AdapterError",
+    "Conflict",
+    "Invalid",
+    "NotFound",
+    "PodsRemain",
+    "Rejected",
+    "StaleHold",
+    "Unsupported",
+]

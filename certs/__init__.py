@@ -1,0 +1,1 @@
+"""CA and serving certificates for the holdwarden enforcer."""

@@ -1,0 +1,180 @@
+"""The configuration schema: one YAML file, camelCase keys, durations such as ``60s``.
+
+Invariant: a ``Config`` only ever holds validated values. Unknown keys and bad values
+raise ``ConfigError`` naming the offending key by its dotted path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from holdwarden.vocabulary import DEFAULT_ANNOTATION_PREFIX, DEFAULT_KUEUE_IDENTITIES
+
+Mode = Literal["kueue", "plain"]
+
+_DURATION_RE = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
+# A DNS subdomain, as Kubernetes requires of an annotation key's prefix.
+_PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown or invalid; ``key`` is its dotted path."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        super().__init__(f"config key {key!r}: {problem}")
+
+
+def parse_duration(text: str, key: str = "duration") -> timedelta:
+    """Parse a Kubernetes-style duration such as ``60s``, ``1m30s``, ``250ms`` or ``2h``."""
+    if not isinstance(text, str) or not text or _DURATION_RE.fullmatch(text) is None:
+        raise ConfigError(key, f"{text!r} is not a duration; write it like '60s', '1m30s' or '250ms'")
+    match = _DURATION_RE.fullmatch(text)
+    assert match is not None
+    hours, minutes, seconds, millis = (int(g) if g else 0 for g in match.groups())
+    return timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """Where the enforcer listens, keeps its certificate and writes its audit trail."""
+
+    listen_address: str = "0.0.0.0:9443"
+    cert_dir: Path = Path("/etc/holdwarden/tls")
+    audit_log: Path = Path("/var/log/holdwarden/audit.jsonl")
+    metrics_address: str = "0.0.0.0:9090"
+    max_body_bytes: int = 3 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    """holdwarden's whole configuration. The adapter and the enforcer read the same one."""
+
+    mode: Mode = "kueue"
+    annotation_prefix: str = DEFAULT_ANNOTATION_PREFIX
+    holder: str = "holdwarden"
+    apiserver_request_timeout: timedelta = timedelta(seconds=60)
+    kueue_identities: tuple[str, ...] = DEFAULT_KUEUE_IDENTITIES
+    webhook: WebhookConfig = field(default_factory=WebhookConfig)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Config:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("<file>", f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError("<file>", f"{path} is not valid YAML: {exc}") from exc
+        return cls.from_dict(data if data is not None else {})
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Config:
+        root = _Section(data, "")
+        mode = root.pop_str("mode", "kueue")
+        if mode not in ("kueue", "plain"):
+            raise ConfigError("mode", f"{mode!r} is not a mode; use 'kueue' or 'plain'")
+        prefix = root.pop_str("annotationPrefix", DEFAULT_ANNOTATION_PREFIX)
+        if len(prefix) > 253 or _PREFIX_RE.fullmatch(prefix) is None:
+            raise ConfigError(
+                "annotationPrefix", f"{prefix!r} is not a DNS subdomain such as 'holdwarden.io'"
+            )
+        holder = root.pop_str("holder", "holdwarden")
+        if not holder.strip():
+            raise ConfigError("holder", "must name the holder, e.g. 'dispatch'")
+        timeouts = root.pop_section("timeouts")
+        request_timeout = parse_duration(
+            timeouts.pop_str("apiserverRequest", "60s"), "timeouts.apiserverRequest"
+        )
+        if request_timeout <= timedelta(0):
+            raise ConfigError("timeouts.apiserverRequest", "must be longer than zero")
+        timeouts.finish()
+        kueue = root.pop_section("kueue")
+        identities = kueue.pop_str_list("identities", list(DEFAULT_KUEUE_IDENTITIES))
+        kueue.finish()
+        hook = root.pop_section("webhook")
+        defaults = WebhookConfig()
+        max_body = hook.pop_int("maxBodyBytes", defaults.max_body_bytes)
+        if max_body < 1024:
+            raise ConfigError("webhook.maxBodyBytes", "must be at least 1024")
+        webhook = WebhookConfig(
+            listen_address=_address(hook.pop_str("listenAddress", defaults.listen_address),
+                                    "webhook.listenAddress"),
+            cert_dir=Path(hook.pop_str("certDir", str(defaults.cert_dir))),
+            audit_log=Path(hook.pop_str("auditLog", str(defaults.audit_log))),
+            metrics_address=_address(hook.pop_str("metricsAddress", defaults.metrics_address),
+                                     "webhook.metricsAddress"),
+            max_body_bytes=max_body,
+        )
+        hook.finish()
+        root.finish()
+        return cls(
+            mode=mode,  # type: ignore[arg-type]  # checked above
+            annotation_prefix=prefix,
+            holder=holder,
+            apiserver_request_timeout=request_timeout,
+            kueue_identities=tuple(identities),
+            webhook=webhook,
+        )
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too) into its parts."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _address(value: str, key: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(key, f"{value!r} is not host:port, e.g. '0.0.0.0:9443'")
+    return value
+
+
+class _Section:
+    """One mapping of the YAML file; pops known keys, then rejects whatever is left."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(path or "<root>", "must be a mapping of keys to values")
+        self._data = dict(data)
+        self._path = path
+
+    def _key(self, name: str) -> str:
+        return f"{self._path}.{name}" if self._path else name
+
+    def pop_str(self, name: str, default: str) -> str:
+        value = self._data.pop(name, default)
+        if not isinstance(value, str):
+            raise ConfigError(self._key(name), f"must be a string, got {type(value).__name__}")
+        return value
+
+    def pop_int(self, name: str, default: int) -> int:
+        value = self._data.pop(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self._key(name), f"must be an integer, got {value!r}")
+        return value
+
+    def pop_str_list(self, name: str, default: list[str]) -> list[str]:
+        value = self._data.pop(name, default)
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(self._key(name), "must be a list of non-empty strings")
+        return value
+
+    def pop_section(self, name: str) -> _Section:
+        return _Section(self._data.pop(name, {}) or {}, self._key(name))
+
+    def finish(self) -> None:
+        if self._data:
+            unknown = sorted(str(k) for k in self._data)
+            raise ConfigError(
+                self._key(unknown[0]),
+                "unknown key; known keys are documented in docs/configuration.md",
+            )

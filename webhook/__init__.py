@@ -1,0 +1,1 @@
+"""Admission enforcer for holdwarden holds."""
