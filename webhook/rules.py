@@ -1,0 +1,346 @@
+"""The enforcer's rules: pure functions from one admission request to a verdict.
+
+Nothing here does I/O, reads a clock or keeps state. Each rule takes a ``Change`` (a small
+typed view of the request) and a ``RulesConfig`` and returns a ``Violation`` or ``None``.
+
+Which requests are judged (``judged``):
+  - resource ``trainjobs`` in group ``trainer.kubeflow.org`` or ``workloads`` in group
+    ``kueue.x-k8s.io`` (any version: the fields the rules read are the same in every
+    served version);
+  - with an empty sub-resource (``status`` writes cannot change metadata or spec);
+  - operation CREATE or UPDATE. The lead engineer's decision (docs/HELPERS.md): CREATE is
+    judged too, because an object that is created held-but-running breaks the invariant
+    just as an update does, and the adapter's preflight probes the enforcer with a dry-run
+    CREATE. On CREATE there is no old object, so only the rules that look at the new object
+    alone can fire (held-*, malformed).
+Everything else (DELETE, CONNECT, other kinds, sub-resources) is allowed; ``skip_reason``
+says why, for the log.
+
+Evaluation order (``RULE_ORDER``) is fixed, and ``evaluate`` returns the FIRST violation:
+  1. hold-instance-malformed   a garbled value makes every other hold judgement meaningless
+  2. hold-instance-monotonic   a stale writer lowering the instance is the most specific cause
+  3. held-trainjob-suspended
+  4. held-workload-inactive
+  5. kueue-owns-suspend
+``violations`` returns every violation in that order (for tests and diagnostics); the
+response and the audit line carry the first.
+
+Decisions the contract leaves open, written down here and in docs/enforcer.md:
+  - "carries P/hold-instance" means the key is present with any value: a garbled hold is
+    still a hold, so the held-* rules apply to it too.
+  - hold-instance-monotonic compares two VALID instances only. Removing the annotation is a
+    Release and is allowed; adding one where there was none is a Hold and is allowed; a
+    garbled old value cannot be "lowered" (it is left to hold-instance-malformed).
+  - hold-instance-malformed refuses only when the NEW value is malformed AND differs from
+    the old value (or there was none). Garbage already stored (written before the enforcer
+    was installed) therefore cannot wedge the object: unrelated writes, and the write that
+    fixes or removes the value, still pass.
+  - A TrainJob is Kueue-managed when the old OR the new object carries the queue-name
+    label, so dropping the label in the same write does not escape kueue-owns-suspend.
+    ``spec.suspend`` absent counts as false; only a change of the effective value counts.
+  - An identity is Kueue's when the username, or one of the groups, is listed in
+    ``kueue.identities``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from holdwarden.config import Config
+from holdwarden.vocabulary import (
+    QUEUE_NAME_LABEL,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+    RuleId,
+    parse_hold_instance,
+)
+
+JUDGED_OPERATIONS = frozenset({"CREATE", "UPDATE"})
+
+
+@dataclass(frozen=True, slots=True)
+class RulesConfig:
+    """What the rules need from the configuration."""
+
+    annotations: Annotations
+    kueue_identities: frozenset[str]
+
+    @classmethod
+    def from_config(cls, config: Config) -> RulesConfig:
+        return cls(Annotations(config.annotation_prefix), frozenset(config.kueue_identities))
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A typed view of one admission request, as much of it as the rules read.
+
+    ``old`` is None on CREATE (and ``new`` None on DELETE); both are the raw objects from
+    the AdmissionReview, never mutated.
+    """
+
+    group: str
+    resource: str
+    subresource: str
+    operation: str
+    namespace: str
+    name: str
+    username: str
+    groups: tuple[str, ...]
+    old: Mapping[str, Any] | None
+    new: Mapping[str, Any] | None
+
+    @property
+    def is_trainjob(self) -> bool:
+        return self.group == TRAINJOB.group and self.resource == TRAINJOB.plural
+
+    @property
+    def is_workload(self) -> bool:
+        return self.group == WORKLOAD.group and self.resource == WORKLOAD.plural
+
+    @property
+    def kind(self) -> str:
+        if self.is_trainjob:
+            return TRAINJOB.kind
+        if self.is_workload:
+            return WORKLOAD.kind
+        return self.resource
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A refusal: the rule that refused, a message for the writer, and the instance at stake
+    (the raw annotation value of the new object, else the old one; None if neither has one).
+    """
+
+    rule: RuleId
+    message: str
+    instance: str | None
+
+
+def skip_reason(change: Change) -> str | None:
+    """Why this request is not judged at all (None: it is judged by the rules)."""
+    if not (change.is_trainjob or change.is_workload):
+        return f"resource {change.resource!r} in group {change.group!r} is not judged"
+    if change.subresource:
+        return f"sub-resource {change.subresource!r} is not judged"
+    if change.operation not in JUDGED_OPERATIONS:
+        return f"operation {change.operation!r} is not judged"
+    if change.new is None:
+        return "request carries no object"
+    return None
+
+
+# --- reading objects defensively: the apiserver has schema-validated them, but a rule must
+# --- never raise on a shape it did not expect.
+
+
+def _section(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+    if obj is None:
+        return {}
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _meta_map(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+    value = _section(obj, "metadata").get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def hold_value(obj: Mapping[str, Any] | None, annotations: Annotations) -> str | None:
+    """The raw ``P/hold-instance`` value (None when absent; non-strings become ``repr``)."""
+    value = _meta_map(obj, "annotations").get(annotations.hold_instance)
+    if value is None:
+        return None
+    return value if isinstance(value, str) else repr(value)
+
+
+def suspend_of(obj: Mapping[str, Any] | None) -> bool:
+    """Effective ``spec.suspend`` of a TrainJob: true only when it is literally true."""
+    return _section(obj, "spec").get("suspend") is True
+
+
+def active_of(obj: Mapping[str, Any] | None) -> bool:
+    """Effective ``spec.active`` of a Workload: absent means true; false only when false."""
+    return _section(obj, "spec").get("active") is not False
+
+
+def _is_kueue_managed(change: Change) -> bool:
+    return QUEUE_NAME_LABEL in _meta_map(change.old, "labels") or QUEUE_NAME_LABEL in _meta_map(
+        change.new, "labels"
+    )
+
+
+def _is_kueue(change: Change, config: RulesConfig) -> bool:
+    ids = config.kueue_identities
+    return change.username in ids or any(group in ids for group in change.groups)
+
+
+def _owner_trainjob(obj: Mapping[str, Any] | None) -> str | None:
+    """The name of the TrainJob that controls a Workload, if its ownerReferences say so."""
+    refs = _section(obj, "metadata").get("ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("kind") == TRAINJOB.kind
+            and isinstance(ref.get("name"), str)
+        ):
+            return str(ref["name"])
+    return None
+
+
+def _release_hint(change: Change, config: RulesConfig, instance: str | None) -> str:
+    keys = f"{config.annotations.prefix}/hold-*"
+    if change.is_workload:
+        owner = _owner_trainjob(change.new) or _owner_trainjob(change.old)
+        target = f"{change.namespace}/{owner}" if owner else f"{change.namespace}/<its TrainJob>"
+    else:
+        target = change.ref
+    number = parse_hold_instance(instance)
+    flag = f" --instance {number}" if number is not None else " --instance N"
+    return (
+        f"release the hold first: remove the {keys} annotations in the same write, "
+        f"or use `holdwarden release {target}{flag}`"
+    )
+
+
+def _prefix(rule: RuleId, change: Change) -> str:
+    return f"holdwarden [{rule}]: {change.kind} {change.ref}"
+
+
+# --- the rules ---------------------------------------------------------------------------
+
+
+def held_trainjob_suspended(change: Change, config: RulesConfig) -> Violation | None:
+    """A TrainJob that would carry ``P/hold-instance`` must have ``spec.suspend: true``."""
+    if not change.is_trainjob:
+        return None
+    instance = hold_value(change.new, config.annotations)
+    if instance is None or suspend_of(change.new):
+        return None
+    rule = RuleId.HELD_TRAINJOB_SUSPENDED
+    return Violation(
+        rule,
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}) "
+        f"and this write would leave spec.suspend not true; a held TrainJob must stay "
+        f"suspended. To run it, {_release_hint(change, config, instance)}.",
+        instance,
+    )
+
+
+def held_workload_inactive(change: Change, config: RulesConfig) -> Violation | None:
+    """A Workload that would carry ``P/hold-instance`` must have ``spec.active: false``."""
+    if not change.is_workload:
+        return None
+    instance = hold_value(change.new, config.annotations)
+    if instance is None or not active_of(change.new):
+        return None
+    rule = RuleId.HELD_WORKLOAD_INACTIVE
+    return Violation(
+        rule,
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}) "
+        f"and this write would leave spec.active not false; a held Workload must stay "
+        f"inactive. To run it, {_release_hint(change, config, instance)}.",
+        instance,
+    )
+
+
+def kueue_owns_suspend(change: Change, config: RulesConfig) -> Violation | None:
+    """Only Kueue may change ``spec.suspend`` of a Kueue-managed TrainJob (UPDATE only)."""
+    if not change.is_trainjob or change.old is None:
+        return None
+    old, new = suspend_of(change.old), suspend_of(change.new)
+    if old == new or not _is_kueue_managed(change) or _is_kueue(change, config):
+        return None
+    rule = RuleId.KUEUE_OWNS_SUSPEND
+    instance = hold_value(change.new, config.annotations) or hold_value(
+        change.old, config.annotations
+    )
+    return Violation(
+        rule,
+        f"{_prefix(rule, change)} is managed by Kueue (label {QUEUE_NAME_LABEL}) and "
+        f"{change.username or 'this writer'} may not change spec.suspend "
+        f"({str(old).lower()} -> {str(new).lower()}); Kueue owns that field. "
+        f"To stop the job, deactivate its Workload (set spec.active: false, or "
+        f"`holdwarden hold {change.ref} --instance N`); to let it run, activate the Workload "
+        f"and let Kueue admit it.",
+        instance,
+    )
+
+
+def hold_instance_monotonic(change: Change, config: RulesConfig) -> Violation | None:
+    """An update must not lower a valid ``P/hold-instance`` to a smaller valid instance."""
+    if change.old is None:
+        return None
+    old_raw = hold_value(change.old, config.annotations)
+    new_raw = hold_value(change.new, config.annotations)
+    old, new = parse_hold_instance(old_raw), parse_hold_instance(new_raw)
+    if old is None or new is None or new >= old:
+        return None
+    rule = RuleId.HOLD_INSTANCE_MONOTONIC
+    return Violation(
+        rule,
+        f"{_prefix(rule, change)} carries hold instance {old} and this write would lower it "
+        f"to {new}; hold instances only grow, so this looks like a stale hold. Hold with an "
+        f"instance greater than {old}, or {_release_hint(change, config, old_raw)}.",
+        new_raw,
+    )
+
+
+def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | None:
+    """A NEW or CHANGED ``P/hold-instance`` must be canonical decimal >= 1."""
+    new_raw = hold_value(change.new, config.annotations)
+    if new_raw is None or parse_hold_instance(new_raw) is not None:
+        return None
+    if new_raw == hold_value(change.old, config.annotations):
+        return None  # already stored before; do not wedge the object
+    rule = RuleId.HOLD_INSTANCE_MALFORMED
+    return Violation(
+        rule,
+        f"{_prefix(rule, change)}: {config.annotations.hold_instance}={new_raw!r} is not a "
+        f"hold instance; write it as a decimal integer >= 1 with no sign, spaces or leading "
+        f'zeros (e.g. "3"), or remove the {config.annotations.prefix}/hold-* annotations.',
+        new_raw,
+    )
+
+
+Rule = Callable[[Change, RulesConfig], "Violation | None"]
+
+RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
+    (RuleId.HOLD_INSTANCE_MALFORMED, hold_instance_malformed),
+    (RuleId.HOLD_INSTANCE_MONOTONIC, hold_instance_monotonic),
+    (RuleId.HELD_TRAINJOB_SUSPENDED, held_trainjob_suspended),
+    (RuleId.HELD_WORKLOAD_INACTIVE, held_workload_inactive),
+    (RuleId.KUEUE_OWNS_SUSPEND, kueue_owns_suspend),
+)
+
+
+def violations(change: Change, config: RulesConfig) -> list[Violation]:
+    """Every violation, in ``RULE_ORDER``; empty for a request that is not judged."""
+    if skip_reason(change) is not None:
+        return []
+    found = []
+    for _, rule in RULE_ORDER:
+        violation = rule(change, config)
+        if violation is not None:
+            found.append(violation)
+    return found
+
+
+def evaluate(change: Change, config: RulesConfig) -> Violation | None:
+    """The first violation in ``RULE_ORDER``, or None when the write is allowed."""
+    if skip_reason(change) is not None:
+        return None
+    for _, rule in RULE_ORDER:
+        violation = rule(change, config)
+        if violation is not None:
+            return violation
+    return None
