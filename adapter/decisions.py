@@ -1,0 +1,414 @@
+"""The adapter's decisions, as pure functions: no I/O, no clock, no randomness.
+
+Each decision takes the object just read (a dict as the API server returned it) and the call,
+and returns a ``Decision``: either the full modified object to PUT (it keeps the read's
+``metadata.resourceVersion``, so the write is preconditioned on the read it was decided on)
+or an outcome that needs no write.
+
+The held object is the Workload in Kueue mode and the TrainJob in plain mode. In Kueue mode
+no decision here ever writes ``spec.suspend``: Kueue owns that field.
+
+Decisions the spec leaves open (documented in docs/adapter.md):
+
+- Hold(m) on a first read that finds an *older* instance in force replaces it (a newer hold
+  supersedes); a *newer* instance is ``stale``.
+- Hold(m) that finds m's annotation but not the hold field (``active`` true / ``suspend``
+  false — only possible without the enforcer) writes the hold again instead of reporting
+  success, so a Hold that returns has the object held.
+- A malformed hold-instance annotation names no instance. Release(m) treats it as "an
+  instance other than m" (``stale``). Hold(m) overwrites it: it cannot be newer than m, and
+  refusing would leave an object nobody can release. After a conflict, Hold(m) still
+  refuses if the annotation's text differs from the text the previous read saw.
+- Release(m) when no hold is in force is ``stale``, word for word ("any other instance, or
+  none"), so a repeated Release is refused, not silently accepted.
+- Open of an object that was opened before does nothing (Open is idempotent); it never
+  unsuspends a held, ended or already-running object, and never lifts a hold.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from adapter.types import Observation, Ref, State
+from holdwarden.vocabulary import (
+    DEACTIVATION_TARGET_CONDITION,
+    EVICTED_CONDITION,
+    KUEUE_DEACTIVATED_DUE_TO_PREFIX,
+    Annotations,
+    format_hold_instance,
+    parse_hold_instance,
+)
+
+Mode = Literal["kueue", "plain"]
+Obj = dict[str, Any]
+
+MAX_REASON_LENGTH = 1024
+_ATTEMPT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+class Outcome(StrEnum):
+    WRITE = "write"
+    """PUT ``Decision.body`` (preconditioned on the read's resourceVersion)."""
+    DONE = "done"
+    """Nothing to write: the call's effect is already in place."""
+    STALE = "stale"
+    """A newer call has overtaken this one (StaleHold)."""
+    PODS_REMAIN = "pods-remain"
+    """Release would run the object while pods of the job remain."""
+    REJECTED = "rejected"
+    """The object cannot take this call as it stands (e.g. a garbled attempt annotation)."""
+    INVALID = "invalid"
+    """The call itself is malformed."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after one read. ``body`` is set exactly when ``outcome is WRITE``."""
+
+    outcome: Outcome
+    body: Obj | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.outcome is Outcome.WRITE) != (self.body is not None):
+            raise ValueError("a Decision carries a body exactly when it is a WRITE")
+
+
+# Kept as names the contract's brief uses; they are one type.
+HoldDecision = Decision
+ReleaseDecision = Decision
+OpenDecision = Decision
+
+
+# ---- reading an object -------------------------------------------------------------------
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    meta = obj.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    return {str(k): str(v) for k, v in ann.items()} if isinstance(ann, dict) else {}
+
+
+def hold_instance_raw(obj: Obj, annotations: Annotations) -> str | None:
+    """The hold-instance annotation's text, or None when absent."""
+    return annotations_of(obj).get(annotations.hold_instance)
+
+
+def conditions_of(obj: Obj) -> list[dict[str, Any]]:
+    status = obj.get("status") or {}
+    conds = status.get("conditions") if isinstance(status, dict) else None
+    return [c for c in conds if isinstance(c, dict)] if isinstance(conds, list) else []
+
+
+def condition(obj: Obj, type_: str) -> dict[str, Any] | None:
+    for cond in conditions_of(obj):
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def condition_true(obj: Obj, type_: str) -> bool:
+    cond = condition(obj, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def ended_reason(trainjob: Obj) -> str | None:
+    """``Complete`` or ``Failed`` when that condition is True; None while not ended."""
+    for type_ in ("Complete", "Failed"):
+        if condition_true(trainjob, type_):
+            return type_
+    return None
+
+
+def is_opened(trainjob: Obj, annotations: Annotations) -> bool:
+    return bool(annotations_of(trainjob).get(annotations.opened))
+
+
+def spec_of(obj: Obj) -> dict[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def workload_active(workload: Obj) -> bool:
+    """``spec.active``; absent means true (the CRD's default)."""
+    return spec_of(workload).get("active", True) is not False
+
+
+def trainjob_suspended(trainjob: Obj) -> bool:
+    """``spec.suspend``; absent means false (the CRD's default)."""
+    return spec_of(trainjob).get("suspend", False) is True
+
+
+def hold_field_set(obj: Obj, mode: Mode) -> bool:
+    """Whether the held object's hold field is in the held position."""
+    return not workload_active(obj) if mode == "kueue" else trainjob_suspended(obj)
+
+
+def parse_attempt(value: str | None) -> int | None:
+    """P/attempt as an int (absent = 0); None when the text is not a decimal integer."""
+    if value is None:
+        return 0
+    return int(value) if _ATTEMPT_RE.fullmatch(value) else None
+
+
+def format_time(now: datetime) -> str:
+    """RFC 3339 in UTC, second precision, as Kubernetes writes timestamps."""
+    if now.tzinfo is None:
+        raise ValueError("time must be timezone-aware")
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def release_would_unsuspend(trainjob: Obj, annotations: Annotations) -> bool:
+    """Plain mode: Release also unsuspends (and so needs the pod check) only for an opened
+    TrainJob that has not ended."""
+    return is_opened(trainjob, annotations) and ended_reason(trainjob) is None
+
+
+# ---- writing helpers ---------------------------------------------------------------------
+
+
+def _copy_with_annotations(obj: Obj) -> tuple[Obj, dict[str, Any]]:
+    body = copy.deepcopy(obj)
+    meta = body.setdefault("metadata", {})
+    ann = meta.get("annotations")
+    if not isinstance(ann, dict):
+        ann = {}
+        meta["annotations"] = ann
+    return body, ann
+
+
+def _raise_attempt(ann: dict[str, Any], annotations: Annotations) -> str | None:
+    """Raise P/attempt by one in ``ann``; return an error text if the old value is garbled."""
+    current = parse_attempt(ann.get(annotations.attempt))
+    if current is None:
+        return (
+            f"annotation {annotations.attempt}={ann.get(annotations.attempt)!r} is not a decimal"
+            " integer; fix it by hand before the object can run again"
+        )
+    ann[annotations.attempt] = str(current + 1)
+    return None
+
+
+# ---- the decisions -----------------------------------------------------------------------
+
+
+def decide_hold(
+    obj: Obj,
+    *,
+    mode: Mode,
+    instance: int,
+    reason: str,
+    holder: str,
+    now: datetime,
+    annotations: Annotations,
+    last_seen_instance: str | None = None,
+    after_conflict: bool = False,
+) -> Decision:
+    """Hold(m) on the held object just read.
+
+    ``last_seen_instance`` is the hold-instance text the previous read of this call saw
+    (only meaningful when ``after_conflict``). Invariants: a WRITE sets the hold field
+    (Workload ``active=false`` / TrainJob ``suspend=true``) and all four hold annotations
+    with m; it never removes or lowers a newer instance; in Kueue mode it never touches
+    ``spec.suspend``.
+    """
+    if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
+        return Decision(Outcome.INVALID, detail=f"hold instance must be >= 1, got {instance!r}")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_LENGTH:
+        return Decision(
+            Outcome.INVALID, detail=f"reason must be text of at most {MAX_REASON_LENGTH} chars"
+        )
+    raw = hold_instance_raw(obj, annotations)
+    current = parse_hold_instance(raw)
+    if current == instance and hold_field_set(obj, mode):
+        return Decision(Outcome.DONE, detail=f"hold instance {instance} already in force")
+    if current is not None and current > instance:
+        return Decision(
+            Outcome.STALE, detail=f"newer hold instance {current} is in force (asked {instance})"
+        )
+    if after_conflict and raw != last_seen_instance:
+        return Decision(
+            Outcome.STALE,
+            detail=(
+                f"after a conflict the hold instance in force is {raw!r}, not"
+                f" {last_seen_instance!r} as the previous read saw: another hold call moved it"
+            ),
+        )
+    body, ann = _copy_with_annotations(obj)
+    ann[annotations.hold_instance] = format_hold_instance(instance)
+    ann[annotations.hold_reason] = reason
+    ann[annotations.held_at] = format_time(now)
+    ann[annotations.held_by] = holder
+    spec = body.setdefault("spec", {})
+    if mode == "kueue":
+        spec["active"] = False
+    else:
+        spec["suspend"] = True
+    return Decision(Outcome.WRITE, body=body, detail=f"place hold instance {instance}")
+
+
+def decide_release(
+    obj: Obj,
+    *,
+    mode: Mode,
+    instance: int,
+    annotations: Annotations,
+    pods_remain: bool | None = None,
+) -> Decision:
+    """Release(m) on the held object just read.
+
+    Refuses (STALE) unless the hold-instance annotation names m — before or after a
+    conflict alike, as the spec says. Kueue mode: ``active=true`` and the four hold
+    annotations removed, nothing else. Plain mode: the annotations removed and, only for an
+    opened TrainJob that has not ended, ``suspend=false`` and P/attempt + 1 in the same body
+    — and only when ``pods_remain`` is False (True → PODS_REMAIN, nothing written).
+    ``pods_remain`` may be None only when ``release_would_unsuspend`` is False.
+    """
+    if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
+        return Decision(Outcome.INVALID, detail=f"hold instance must be >= 1, got {instance!r}")
+    raw = hold_instance_raw(obj, annotations)
+    current = parse_hold_instance(raw)
+    if current != instance:
+        in_force = "no hold" if raw is None else f"hold instance {raw!r}"
+        return Decision(
+            Outcome.STALE, detail=f"{in_force} is in force, not {instance}: refusing to release"
+        )
+    body, ann = _copy_with_annotations(obj)
+    for key in annotations.hold_keys:
+        ann.pop(key, None)
+    spec = body.setdefault("spec", {})
+    if mode == "kueue":
+        spec["active"] = True
+        return Decision(Outcome.WRITE, body=body, detail=f"lift hold instance {instance}")
+    if not release_would_unsuspend(obj, annotations):
+        return Decision(
+            Outcome.WRITE,
+            body=body,
+            detail=f"lift hold instance {instance}; stays suspended (not opened, or ended)",
+        )
+    if pods_remain is None:
+        raise ValueError("plain-mode Release of an opened TrainJob needs the pod check")
+    if pods_remain:
+        return Decision(
+            Outcome.PODS_REMAIN,
+            detail="pods of the previous execution remain; nothing written, try again later",
+        )
+    error = _raise_attempt(ann, annotations)
+    if error is not None:
+        return Decision(Outcome.REJECTED, detail=error)
+    spec["suspend"] = False
+    return Decision(
+        Outcome.WRITE, body=body, detail=f"lift hold instance {instance} and run the job again"
+    )
+
+
+def decide_open(
+    trainjob: Obj,
+    *,
+    mode: Mode,
+    now: datetime,
+    annotations: Annotations,
+) -> Decision:
+    """Open on the TrainJob just read. Idempotent: once opened, Open writes nothing.
+
+    Writes the opened mark (if absent). In plain mode it also unsuspends and raises
+    P/attempt, in the same body, only when the TrainJob is at its start gate: suspended, no
+    hold annotation (of any value), not ended. In Kueue mode it writes only the mark (the
+    readmission gate raises P/attempt); it never touches ``spec.suspend``.
+    """
+    if is_opened(trainjob, annotations):
+        return Decision(Outcome.DONE, detail="already opened")
+    body, ann = _copy_with_annotations(trainjob)
+    ann[annotations.opened] = format_time(now)
+    if mode == "kueue":
+        return Decision(Outcome.WRITE, body=body, detail="mark opened")
+    held = hold_instance_raw(trainjob, annotations) is not None
+    if held or ended_reason(trainjob) is not None or not trainjob_suspended(trainjob):
+        why = "held" if held else "ended" if ended_reason(trainjob) else "not suspended"
+        return Decision(Outcome.WRITE, body=body, detail=f"mark opened only ({why})")
+    error = _raise_attempt(ann, annotations)
+    if error is not None:
+        return Decision(Outcome.REJECTED, detail=error)
+    body.setdefault("spec", {})["suspend"] = False
+    return Decision(Outcome.WRITE, body=body, detail="mark opened and start the first execution")
+
+
+def kueue_cause(workload: Obj) -> str | None:
+    """Kueue's own reason for deactivating, or None.
+
+    From an ``Evicted`` condition whose reason is ``DeactivatedDueTo<Cause>`` (→ Cause), or
+    from a True ``DeactivationTarget`` condition (→ its reason: Kueue is deactivating).
+    Reason exactly ``Deactivated`` is someone else's deactivation and yields None.
+    """
+    evicted = condition(workload, EVICTED_CONDITION)
+    if evicted is not None and evicted.get("status") == "True":
+        reason = str(evicted.get("reason") or "")
+        if reason.startswith(KUEUE_DEACTIVATED_DUE_TO_PREFIX) and len(reason) > len(
+            KUEUE_DEACTIVATED_DUE_TO_PREFIX
+        ):
+            return reason[len(KUEUE_DEACTIVATED_DUE_TO_PREFIX) :]
+    target = condition(workload, DEACTIVATION_TARGET_CONDITION)
+    if target is not None and target.get("status") == "True":
+        return str(target.get("reason") or DEACTIVATION_TARGET_CONDITION)
+    return None
+
+
+def classify(
+    trainjob: Obj,
+    workload: Obj | None,
+    *,
+    mode: Mode,
+    annotations: Annotations,
+    ref: Ref,
+) -> Observation:
+    """Observe: classify a TrainJob (and its Workload in Kueue mode). No writes.
+
+    Precedence: ended; held; deactivated by Kueue; deactivated by someone else (Kueue
+    mode: Workload inactive); running (TrainJob not suspended); at the start gate (not
+    opened); then, opened and suspended: deactivated by someone else (plain mode) or
+    waiting for admission (Kueue mode).
+    """
+    tj_ann = annotations_of(trainjob)
+    held_obj = workload if mode == "kueue" else trainjob
+    hold_ann = annotations_of(held_obj) if held_obj is not None else {}
+    raw = hold_ann.get(annotations.hold_instance)
+    attempt = parse_attempt(tj_ann.get(annotations.attempt))
+    cause = kueue_cause(workload) if workload is not None else None
+    suspended = trainjob_suspended(trainjob)
+    opened_at = tj_ann.get(annotations.opened) or None
+    common: dict[str, Any] = {
+        "ref": ref,
+        "hold_instance": parse_hold_instance(raw),
+        "hold_instance_raw": raw,
+        "hold_reason": hold_ann.get(annotations.hold_reason),
+        "held_by": hold_ann.get(annotations.held_by),
+        "held_at": hold_ann.get(annotations.held_at),
+        "kueue_cause": cause,
+        "attempt": attempt if attempt is not None else 0,
+        "opened": opened_at is not None,
+        "opened_at": opened_at,
+        "ended_reason": ended_reason(trainjob),
+        "suspended": suspended,
+        "workload": (workload.get("metadata") or {}).get("name") if workload else None,
+    }
+    if common["ended_reason"] is not None:
+        return Observation(state=State.ENDED, **common)
+    if held_obj is not None and raw is not None and hold_field_set(held_obj, mode):
+        return Observation(state=State.HELD, **common)
+    if mode == "kueue" and workload is not None:
+        if cause is not None:
+            return Observation(state=State.DEACTIVATED_BY_KUEUE, **common)
+        if not workload_active(workload):
+            return Observation(state=State.DEACTIVATED_BY_OTHER, **common)
+    if not suspended:
+        return Observation(state=State.RUNNING, **common)
+    if opened_at is None:
+        return Observation(state=State.AT_START_GATE, **common)
+    if mode == "plain":
+        return Observation(state=State.DEACTIVATED_BY_OTHER, **common)
+    return Observation(state=State.WAITING_FOR_ADMISSION, **common)

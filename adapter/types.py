@@ -1,0 +1,185 @@
+"""The adapter's value types: what a caller passes in and what Observe and Preflight return.
+
+Every type here is an immutable value; none of them does I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+# A TrainJob name is an RFC 1035 label (the TrainJob CRD's own CEL rule); a namespace
+# is an RFC 1123 label.
+_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True, order=True)
+class Ref:
+    """Names one TrainJob: its namespace and name."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> Ref:
+        """Parse ``NAMESPACE/NAME``; raise ValueError saying what is expected."""
+        namespace, sep, name = text.partition("/")
+        if (
+            not sep
+            or _NAMESPACE_RE.fullmatch(namespace) is None
+            or _NAME_RE.fullmatch(name) is None
+        ):
+            raise ValueError(f"{text!r}: expected NAMESPACE/NAME, e.g. 'team-a/llm-finetune'")
+        return cls(namespace, name)
+
+
+@dataclass(frozen=True)
+class CallMeta:
+    """What every hold-family call carries.
+
+    ``deadline`` must be timezone-aware; the adapter sends no request after it. ``None`` or a
+    naive datetime makes the call ``Invalid``. ``instance`` (>= 1) names the hold instance;
+    Hold and Release need it, Open and Start ignore it.
+    """
+
+    deadline: datetime | None
+    instance: int | None = None
+
+
+class State(StrEnum):
+    """What Observe found, from the point of view of "may this object run?"."""
+
+    HELD = "held"
+    """A hold placed by the adapter is in force (hold annotations on the held object)."""
+    DEACTIVATED_BY_KUEUE = "deactivated-by-kueue"
+    """Kueue deactivated the Workload for its own reason (``kueue_cause``)."""
+    DEACTIVATED_BY_OTHER = "deactivated-by-other"
+    """Stopped by someone else: Workload inactive (Kueue mode) or TrainJob suspended after
+    it was opened (plain mode), with no hold annotation."""
+    AT_START_GATE = "at-start-gate"
+    """Never opened: waiting for Open."""
+    RUNNING = "running"
+    """Opened and not suspended."""
+    WAITING_FOR_ADMISSION = "waiting-for-admission"
+    """Kueue mode: opened, Workload active, TrainJob still suspended (not admitted yet)."""
+    ENDED = "ended"
+    """Condition ``Complete`` or ``Failed`` is True (``ended_reason`` says which)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One Observe: the state plus the hold, Kueue and start-gate facts it was decided on.
+
+    Invariant: ``state is State.HELD`` only when a hold-instance annotation is present on the
+    held object and the hold field is set (Workload ``spec.active=false`` / TrainJob
+    ``spec.suspend=true``). A deactivation without the annotation is never HELD.
+    """
+
+    ref: Ref
+    state: State
+    hold_instance: int | None = None
+    hold_instance_raw: str | None = None
+    """The annotation's text; differs from ``hold_instance`` only when it is malformed."""
+    hold_reason: str | None = None
+    held_by: str | None = None
+    held_at: str | None = None
+    kueue_cause: str | None = None
+    """Kueue's cause, e.g. ``MaximumExecutionTimeExceeded`` (from ``DeactivatedDueTo<Cause>``)."""
+    attempt: int = 0
+    """P/attempt ("A": executions started); 0 when absent."""
+    opened: bool = False
+    opened_at: str | None = None
+    ended_reason: str | None = None
+    """``Complete`` or ``Failed`` when ended."""
+    suspended: bool | None = None
+    """The TrainJob's spec.suspend as read."""
+    workload: str | None = None
+    """Kueue mode: the Workload's name, or None when it has none yet."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ref": str(self.ref),
+            "state": self.state.value,
+            "holdInstance": self.hold_instance,
+            "holdInstanceRaw": self.hold_instance_raw,
+            "holdReason": self.hold_reason,
+            "heldBy": self.held_by,
+            "heldAt": self.held_at,
+            "kueueCause": self.kueue_cause,
+            "attempt": self.attempt,
+            "opened": self.opened,
+            "openedAt": self.opened_at,
+            "endedReason": self.ended_reason,
+            "suspended": self.suspended,
+            "workload": self.workload,
+        }
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One probed capability: supported or not, and why."""
+
+    supported: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    """What the adapter can do here.
+
+    ``hold_supported`` follows the spec word for word: Hold is unsupported when the hold
+    round trip failed or, in Kueue mode, the adapter may not update Workloads. The other
+    capabilities are reported for the operator and do not switch Hold off.
+    """
+
+    mode: str
+    namespace: str
+    hold_round_trip: Capability
+    update_workloads: Capability
+    update_trainjobs: Capability
+    list_pods: Capability
+    enforcer_installed: Capability
+    extra: dict[str, Capability] = field(default_factory=dict)
+
+    @property
+    def hold_supported(self) -> bool:
+        if not self.hold_round_trip.supported:
+            return False
+        return not (self.mode == "kueue" and not self.update_workloads.supported)
+
+    @property
+    def hold_unsupported_reason(self) -> str | None:
+        if not self.hold_round_trip.supported:
+            return f"hold round trip failed: {self.hold_round_trip.reason}"
+        if self.mode == "kueue" and not self.update_workloads.supported:
+            return f"may not update Workloads: {self.update_workloads.reason}"
+        return None
+
+    def capabilities(self) -> dict[str, Capability]:
+        return {
+            "holdRoundTrip": self.hold_round_trip,
+            "updateWorkloads": self.update_workloads,
+            "updateTrainJobs": self.update_trainjobs,
+            "listPods": self.list_pods,
+            "enforcerInstalled": self.enforcer_installed,
+            **self.extra,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "namespace": self.namespace,
+            "holdSupported": self.hold_supported,
+            "holdUnsupportedReason": self.hold_unsupported_reason,
+            "capabilities": {
+                k: {"supported": c.supported, "reason": c.reason}
+                for k, c in self.capabilities().items()
+            },
+        }
