@@ -154,11 +154,15 @@ def _meta_map(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
 
 
 def hold_value(obj: Mapping[str, Any] | None, annotations: Annotations) -> str | None:
-    """The raw ``P/hold-instance`` value (None when absent; non-strings become ``repr``)."""
+    """The raw ``P/hold-instance`` value (None when absent).
+
+    A non-string value (impossible through the apiserver) is spelled with its type, so it
+    can never parse as an instance.
+    """
     value = _meta_map(obj, "annotations").get(annotations.hold_instance)
     if value is None:
         return None
-    return value if isinstance(value, str) else repr(value)
+    return value if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
 
 
 def suspend_of(obj: Mapping[str, Any] | None) -> bool:
