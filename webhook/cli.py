@@ -1,10 +1,161 @@
-"""Placeholder until this part's sub-commands land; registers nothing."""
+"""``holdwarden serve`` (the enforcer) and ``holdwarden audit`` (query its audit log)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import dataclasses
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from holdwarden.config import Config, ConfigError, parse_duration
+from holdwarden.vocabulary import RuleId
 
 
-def register(subparsers: "argparse._SubParsersAction[Any]") -> None:
-    return None
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the admission enforcer (TLS), with metrics and health endpoints",
+        description="Run the validating admission webhook that refuses hold-breaking writes.",
+    )
+    serve.add_argument("--config", metavar="FILE", help="holdwarden YAML configuration")
+    serve.add_argument("--listen", metavar="ADDR", help="admission address, host:port")
+    serve.add_argument("--cert-dir", metavar="DIR", help="directory with tls.crt and tls.key")
+    serve.add_argument("--audit-log", metavar="PATH", help="audit log file (JSON lines)")
+    serve.add_argument("--metrics", metavar="ADDR", help="metrics/health address, host:port")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    serve.set_defaults(handler=serve_command)
+
+    audit = subparsers.add_parser(
+        "audit",
+        help="list the enforcer's refusals from its audit log",
+        description="Print refusals from the enforcer's audit log, newest last.",
+    )
+    audit.add_argument("--config", metavar="FILE", help="configuration naming the audit log")
+    audit.add_argument("--log", metavar="PATH", help="audit log file (overrides the config)")
+    audit.add_argument("--namespace", "-n")
+    audit.add_argument("--name")
+    audit.add_argument("--user")
+    audit.add_argument("--rule", choices=[str(rule) for rule in RuleId])
+    audit.add_argument("--since", help="a duration such as 10m or 2h, or an RFC 3339 time")
+    audit.add_argument("--json", action="store_true", help="print JSON lines, not a table")
+    audit.set_defaults(handler=audit_command)
+
+
+def check_address(value: str, flag: str) -> str:
+    """``host:port`` with a port in 0..65535 (0 binds a free port)."""
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(flag, f"{value!r} is not host:port, e.g. '0.0.0.0:9443'")
+    return value
+
+
+def _load_config(path: str | None) -> Config:
+    return Config.from_file(path) if path else Config()
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import logging
+
+    from webhook.server import configure_logging, run_server
+
+    try:
+        config = _load_config(args.config)
+        hook = config.webhook
+        changes: dict[str, Any] = {}
+        if args.listen:
+            changes["listen_address"] = check_address(args.listen, "--listen")
+        if args.metrics:
+            changes["metrics_address"] = check_address(args.metrics, "--metrics")
+        if args.cert_dir:
+            changes["cert_dir"] = Path(args.cert_dir)
+        if args.audit_log:
+            changes["audit_log"] = Path(args.audit_log)
+        config = dataclasses.replace(config, webhook=dataclasses.replace(hook, **changes))
+    except ConfigError as exc:
+        print(f"holdwarden serve: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(getattr(logging, args.log_level.upper()))
+    try:
+        asyncio.run(run_server(config))
+    except OSError as exc:
+        logging.getLogger("holdwarden.webhook").error(
+            "cannot serve", extra={"fields": {"error": str(exc)}}
+        )
+        return 1
+    return 0
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """``10m``-style durations count back from ``now``; otherwise an RFC 3339 time."""
+    try:
+        return now - parse_duration(text, "--since")
+    except ConfigError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            "--since", f"{text!r} is neither a duration (10m, 2h) nor an RFC 3339 time"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+_COLUMNS = ("time", "rule", "namespace", "name", "instance", "user", "operation", "dryRun")
+
+
+def print_table(records: list[dict[str, Any]], out: TextIO) -> None:
+    rows = [[_cell(record.get(column)) for column in _COLUMNS] for record in records]
+    header = [column.upper() for column in _COLUMNS]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(_COLUMNS))]
+    for row in [header, *rows]:
+        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+        out.write("\n")
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    from webhook.audit import read_audit
+
+    try:
+        config = _load_config(args.config)
+        since = parse_since(args.since, datetime.now(UTC)) if args.since else None
+    except ConfigError as exc:
+        print(f"holdwarden audit: {exc}", file=sys.stderr)
+        return 2
+    path = Path(args.log) if args.log else config.webhook.audit_log
+    try:
+        result = read_audit(
+            path,
+            namespace=args.namespace,
+            name=args.name,
+            user=args.user,
+            rule=args.rule,
+            since=since,
+        )
+    except OSError as exc:
+        print(f"holdwarden audit: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return 1
+    if args.json:
+        for record in result.records:
+            sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    else:
+        print_table(result.records, sys.stdout)
+    if result.skipped:
+        lines = ", ".join(str(n) for n in result.skipped_lines[:10])
+        print(
+            f"holdwarden audit: skipped {result.skipped} unreadable line(s) in {path} "
+            f"(line {lines}); a torn last line is expected after a crash",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,414 @@
+"""The enforcer's HTTP(S) servers: admission on the TLS port, metrics on a separate port.
+
+Main port (TLS):  POST /validate, GET /healthz, GET /readyz.
+Metrics port:     GET /metrics, GET /healthz, GET /readyz.
+
+Invariants of POST /validate:
+  - a well-formed AdmissionReview always gets HTTP 200, its uid echoed, never a patch;
+  - a body that is not one gets HTTP 400 (413 when over ``webhook.maxBodyBytes``) with a
+    Kubernetes ``Status`` JSON body saying what is wrong;
+  - it never answers 500 and never lets an exception escape: a review that was parsed but
+    could not be judged is refused (HTTP 200, ``allowed: false``, code 500 in the status),
+    which is what ``failurePolicy: Fail`` would do anyway;
+  - a refusal is answered only after its audit line is durably on disk (``AuditWriter``).
+/readyz is 200 only while the TLS site is serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import ssl
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from holdwarden.config import Config, split_address
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from webhook.audit import AuditWriter, rfc3339
+from webhook.metrics import CONTENT_TYPE, Metrics
+from webhook.review import (
+    BadReview,
+    Review,
+    allow,
+    bad_request_body,
+    deny,
+    internal_error,
+    parse_review,
+)
+from webhook.rules import RulesConfig, Violation, active_of, evaluate, skip_reason, suspend_of
+
+log = logging.getLogger("holdwarden.webhook")
+
+_KNOWN_RESOURCES = frozenset({TRAINJOB.plural, WORKLOAD.plural})
+_KNOWN_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+_JSON = "application/json"
+
+
+class TLSSource(Protocol):
+    """What the server needs from ``certs.reload.ReloadingTLS``."""
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext: ...
+
+    @property
+    def not_after(self) -> datetime | None: ...
+
+    async def watch(self) -> None: ...
+
+
+# --- structured logs ---------------------------------------------------------------------
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log record: time, level, logger, msg, and the record's
+    ``fields`` extra (a dict) merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": rfc3339(datetime.fromtimestamp(record.created, UTC)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["error"] = "".join(traceback.format_exception(*record.exc_info)).strip()
+        return json.dumps(entry, default=str, separators=(",", ":"))
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Send every log record to stderr as a JSON line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+# --- the admission handler ---------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """Mutable server state shared by both apps."""
+
+    ready: bool = False
+    tls: TLSSource | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _label(value: str, known: frozenset[str]) -> str:
+    # Bounded label values: a fuzzer or a misregistered webhook must not blow up cardinality.
+    return value if value in known else "other"
+
+
+def audit_record(review: Review, violation: Violation, now: datetime) -> dict[str, Any]:
+    """The audit line for one refusal."""
+    change = review.change
+    record: dict[str, Any] = {
+        "time": rfc3339(now),
+        "uid": review.uid,
+        "dryRun": review.dry_run,
+        "rule": str(violation.rule),
+        "message": violation.message,
+        "user": change.username,
+        "groups": list(change.groups),
+        "operation": change.operation,
+        "resource": change.resource,
+        "namespace": change.namespace,
+        "name": change.name,
+        "instance": violation.instance,
+    }
+    if change.is_trainjob:
+        record["oldSuspend"] = None if change.old is None else suspend_of(change.old)
+        record["newSuspend"] = suspend_of(change.new)
+    elif change.is_workload:
+        record["oldActive"] = None if change.old is None else active_of(change.old)
+        record["newActive"] = active_of(change.new)
+    return record
+
+
+class Enforcer:
+    """Judges admission reviews; one per app."""
+
+    def __init__(
+        self,
+        config: Config,
+        audit: AuditWriter,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.config = config
+        self.rules = RulesConfig.from_config(config)
+        self.audit = audit
+        self.metrics = metrics
+        self.clock = clock
+        self.max_body = config.webhook.max_body_bytes
+
+    @staticmethod
+    def _json(status: int, body: dict[str, Any]) -> web.Response:
+        return web.Response(
+            status=status, body=json.dumps(body, separators=(",", ":")).encode(), content_type=_JSON
+        )
+
+    def _bad(self, status: int, message: str, started: float) -> web.Response:
+        log.warning(
+            "bad admission request", extra={"fields": {"status": status, "reason": message}}
+        )
+        self.metrics.observe("", "", "invalid", "", time.perf_counter() - started)
+        return self._json(status, bad_request_body(status, message))
+
+    async def validate(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        self.metrics.in_flight.inc()
+        try:
+            return await self._validate(request, started)
+        except Exception as exc:  # never a 500, never a crash
+            log.exception("unexpected error reading an admission request")
+            return self._bad(400, f"could not read the request: {type(exc).__name__}", started)
+        finally:
+            self.metrics.in_flight.dec()
+
+    async def _read(self, request: web.Request) -> bytes:
+        too_big = (
+            f"body exceeds webhook.maxBodyBytes ({self.max_body} bytes); "
+            f"an AdmissionReview this large is not expected"
+        )
+        if request.content_length is not None and request.content_length > self.max_body:
+            raise BadReview(413, too_big)
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BadReview(413, too_big) from None
+
+    async def _validate(self, request: web.Request, started: float) -> web.Response:
+        try:
+            review = parse_review(await self._read(request))
+        except BadReview as bad:
+            return self._bad(bad.status, bad.message, started)
+        change = review.change
+        resource = _label(change.resource, _KNOWN_RESOURCES)
+        operation = _label(change.operation, _KNOWN_OPERATIONS)
+        try:
+            reason = skip_reason(change)
+            if reason is not None:
+                log.info(
+                    "allowed without judging",
+                    extra={"fields": {"uid": review.uid, "reason": reason, **_where(review)}},
+                )
+                self.metrics.observe(
+                    resource, operation, "skipped", "", time.perf_counter() - started
+                )
+                return self._json(200, allow(review.uid))
+            violation = evaluate(change, self.rules)
+            if violation is None:
+                self.metrics.observe(
+                    resource, operation, "allowed", "", time.perf_counter() - started
+                )
+                return self._json(200, allow(review.uid))
+            await self._audit(review, violation)
+            log.info(
+                "refused",
+                extra={
+                    "fields": {
+                        "uid": review.uid,
+                        "rule": str(violation.rule),
+                        "dryRun": review.dry_run,
+                        **_where(review),
+                    }
+                },
+            )
+            self.metrics.observe(
+                resource, operation, "denied", str(violation.rule), time.perf_counter() - started
+            )
+            return self._json(200, deny(review.uid, violation, dry_run=review.dry_run))
+        except Exception as exc:
+            log.exception("could not judge a review", extra={"fields": {"uid": review.uid}})
+            self.metrics.observe(resource, operation, "error", "", time.perf_counter() - started)
+            return self._json(200, internal_error(review.uid, type(exc).__name__))
+
+    async def _audit(self, review: Review, violation: Violation) -> None:
+        try:
+            await self.audit.append(audit_record(review, violation, self.clock()))
+        except OSError as exc:
+            # The refusal is still the safe answer; the failure is loud in logs and metrics.
+            self.metrics.audit_errors.inc()
+            log.error(
+                "audit line could not be written",
+                extra={"fields": {"uid": review.uid, "error": str(exc)}},
+            )
+
+
+def _where(review: Review) -> dict[str, Any]:
+    change = review.change
+    return {
+        "user": change.username,
+        "operation": change.operation,
+        "resource": change.resource,
+        "subResource": change.subresource,
+        "namespace": change.namespace,
+        "name": change.name,
+    }
+
+
+# --- apps ----------------------------------------------------------------------------------
+
+
+def _health_routes(state: State) -> list[web.RouteDef]:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if state.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: TLS site is not serving yet\n")
+
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
+
+
+def build_app(
+    config: Config, audit: AuditWriter, metrics: Metrics, state: State | None = None
+) -> web.Application:
+    """The admission app (POST /validate, /healthz, /readyz). ``state`` defaults to ready,
+    for tests that serve it without TLS."""
+    state = state if state is not None else State(ready=True)
+    enforcer = Enforcer(config, audit, metrics)
+    # One byte over the limit is enough for aiohttp to refuse; the handler words the 413.
+    app = web.Application(client_max_size=config.webhook.max_body_bytes)
+    app.add_routes([web.post("/validate", enforcer.validate), *_health_routes(state)])
+    return app
+
+
+def build_metrics_app(metrics: Metrics, state: State) -> web.Application:
+    """The metrics app (GET /metrics, /healthz, /readyz) for the separate metrics port."""
+
+    async def scrape(_: web.Request) -> web.Response:
+        response = web.Response(body=metrics.exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE
+        return response
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", scrape), *_health_routes(state)])
+    return app
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def _load_tls(config: Config) -> TLSSource:
+    from certs.reload import ReloadingTLS
+
+    cert_dir = config.webhook.cert_dir
+    tls: TLSSource = ReloadingTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
+    return tls
+
+
+class EnforcerServer:
+    """Both sites, the audit writer and the certificate watcher, started and stopped together.
+
+    ``tls`` may be given (tests); otherwise it is loaded from ``<certDir>/tls.{crt,key}``.
+    Ports of 0 bind a free port; ``port`` and ``metrics_port`` say which.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        tls: TLSSource | None = None,
+        audit: AuditWriter | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.state = State(tls=tls)
+        self.audit = audit or AuditWriter(config.webhook.audit_log)
+        self.metrics = metrics or Metrics()
+        self.port = 0
+        self.metrics_port = 0
+        self._runners: list[web.AppRunner] = []
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.audit.open()
+        tls = self.state.tls if self.state.tls is not None else _load_tls(self.config)
+        self.state.tls = tls
+        self.metrics.track_certificate(lambda: tls.not_after)
+        self._watch = asyncio.create_task(tls.watch())
+
+        metrics_runner = web.AppRunner(build_metrics_app(self.metrics, self.state))
+        await metrics_runner.setup()
+        self._runners.append(metrics_runner)
+        host, port = split_address(self.config.webhook.metrics_address)
+        metrics_site = web.TCPSite(metrics_runner, host, port, reuse_address=True)
+        await metrics_site.start()
+        self.metrics_port = _bound_port(metrics_runner)
+
+        app = build_app(self.config, self.audit, self.metrics, self.state)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runners.append(runner)
+        host, port = split_address(self.config.webhook.listen_address)
+        site = web.TCPSite(runner, host, port, ssl_context=tls.ssl_context, reuse_address=True)
+        await site.start()
+        self.port = _bound_port(runner)
+        self.state.ready = True
+        log.info(
+            "serving",
+            extra={
+                "fields": {
+                    "listen": f"{host}:{self.port}",
+                    "metrics": f"{self.config.webhook.metrics_address.rpartition(':')[0]}:"
+                    f"{self.metrics_port}",
+                    "auditLog": str(self.audit.path),
+                }
+            },
+        )
+
+    async def stop(self) -> None:
+        self.state.ready = False
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
+            self._watch = None
+        await asyncio.get_running_loop().run_in_executor(None, self.audit.close)
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return 0
+
+
+async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or until ``until()`` returns), then shut down cleanly."""
+    server = EnforcerServer(config)
+    await server.start()
+    try:
+        if until is not None:
+            await until()
+        else:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            log.info("stopping")
+    finally:
+        await server.stop()
