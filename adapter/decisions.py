@@ -39,6 +39,8 @@ from holdwarden.vocabulary import (
     DEACTIVATION_TARGET_CONDITION,
     EVICTED_CONDITION,
     KUEUE_DEACTIVATED_DUE_TO_PREFIX,
+    QUEUE_NAME_LABEL,
+    TRAINJOB,
     Annotations,
     format_hold_instance,
     parse_hold_instance,
@@ -49,6 +51,8 @@ Obj = dict[str, Any]
 
 MAX_REASON_LENGTH = 1024
 _ATTEMPT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_RFC1035_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class Outcome(StrEnum):
@@ -97,6 +101,11 @@ def annotations_of(obj: Obj) -> dict[str, str]:
 def hold_instance_raw(obj: Obj, annotations: Annotations) -> str | None:
     """The hold-instance annotation's text, or None when absent."""
     return annotations_of(obj).get(annotations.hold_instance)
+
+
+def parse_hold_instance_of(obj: Obj, annotations: Annotations) -> int | None:
+    """The hold instance in force on ``obj``; None when absent or malformed."""
+    return parse_hold_instance(hold_instance_raw(obj, annotations))
 
 
 def conditions_of(obj: Obj) -> list[dict[str, Any]]:
@@ -412,3 +421,82 @@ def classify(
     if mode == "plain":
         return Observation(state=State.DEACTIVATED_BY_OTHER, **common)
     return Observation(state=State.WAITING_FOR_ADMISSION, **common)
+
+
+def validate_start_body(trainjob: object, *, mode: Mode, annotations: Annotations) -> Obj:
+    """Check a TrainJob body for Start; return the body to create (a copy).
+
+    Raises ValueError naming the offending field. The body must be a new TrainJob with
+    ``metadata.namespace`` and ``metadata.name`` and ``spec.runtimeRef.name``; it must not
+    carry the adapter's own annotations (hold keys, opened, attempt: only the adapter's calls
+    write them). Kueue mode needs the ``kueue.x-k8s.io/queue-name`` label and leaves
+    ``spec.suspend`` as given (Kueue owns it). Plain mode refuses the queue-name label (Kueue
+    would own ``spec.suspend``), refuses ``spec.suspend: false`` and fills in ``true``: the
+    TrainJob starts at its start gate and Open runs it.
+    """
+    if not isinstance(trainjob, dict):
+        raise ValueError("trainjob: must be a mapping (a TrainJob body)")
+    body: Obj = copy.deepcopy(trainjob)
+    api_version = body.setdefault("apiVersion", TRAINJOB.api_version)
+    if api_version != TRAINJOB.api_version:
+        raise ValueError(f"apiVersion: must be {TRAINJOB.api_version!r}, got {api_version!r}")
+    kind = body.setdefault("kind", TRAINJOB.kind)
+    if kind != TRAINJOB.kind:
+        raise ValueError(f"kind: must be {TRAINJOB.kind!r}, got {kind!r}")
+    meta = body.get("metadata")
+    if not isinstance(meta, dict):
+        raise ValueError("metadata: must be a mapping with namespace and name")
+    namespace = meta.get("namespace")
+    if not isinstance(namespace, str) or _DNS_LABEL_RE.fullmatch(namespace) is None:
+        raise ValueError(f"metadata.namespace: must name the namespace, got {namespace!r}")
+    name = meta.get("name")
+    if not isinstance(name, str) or _RFC1035_RE.fullmatch(name) is None:
+        raise ValueError(
+            f"metadata.name: must be an RFC 1035 label of at most 63 chars, got {name!r}"
+        )
+    for key in ("resourceVersion", "uid"):
+        if meta.get(key):
+            raise ValueError(f"metadata.{key}: Start creates a new TrainJob; remove it")
+    ann = meta.get("annotations") or {}
+    if not isinstance(ann, dict):
+        raise ValueError("metadata.annotations: must be a mapping")
+    own = (*annotations.hold_keys, annotations.opened, annotations.attempt)
+    for key in own:
+        if key in ann:
+            raise ValueError(
+                f"metadata.annotations[{key}]: written only by the adapter's calls; remove it"
+            )
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise ValueError("metadata.labels: must be a mapping")
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        raise ValueError("spec: must be a mapping")
+    runtime = spec.get("runtimeRef")
+    if (
+        not isinstance(runtime, dict)
+        or not isinstance(runtime.get("name"), str)
+        or not runtime["name"]
+    ):
+        raise ValueError("spec.runtimeRef.name: required (the training runtime to use)")
+    suspend = spec.get("suspend")
+    if suspend is not None and not isinstance(suspend, bool):
+        raise ValueError(f"spec.suspend: must be a boolean, got {suspend!r}")
+    if mode == "kueue":
+        if not labels.get(QUEUE_NAME_LABEL):
+            raise ValueError(
+                f"metadata.labels[{QUEUE_NAME_LABEL}]: required in Kueue mode (the LocalQueue)"
+            )
+        return body
+    if QUEUE_NAME_LABEL in labels:
+        raise ValueError(
+            f"metadata.labels[{QUEUE_NAME_LABEL}]: a Kueue-managed TrainJob cannot be started"
+            " in plain mode (Kueue owns spec.suspend); configure mode: kueue"
+        )
+    if suspend is False:
+        raise ValueError(
+            "spec.suspend: must be true or absent in plain mode; the TrainJob waits at its"
+            " start gate until Open"
+        )
+    spec["suspend"] = True
+    return body

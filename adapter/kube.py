@@ -1,0 +1,699 @@
+"""The adapter's I/O edge: the one place that talks to the Kubernetes API.
+
+Everything that decides lives in ``adapter.decisions``; this module reads, asks a decision,
+and writes what it was told, with these invariants:
+
+- Every write is a PUT (replace) of the object as read, modified, still carrying the read's
+  ``metadata.resourceVersion``: the API server refuses it (409) if anything changed since.
+- For a hold-family call, the deadline is checked immediately before every request (a
+  passed deadline → ``Rejected``, nothing sent) and bounds the request's timeout:
+  ``min(deadline - now, timeouts.apiserverRequest)``. urllib3's own retries are switched
+  off on the client, so no request is re-sent behind the adapter's back.
+- A call retries at most ``MAX_RETRIES`` (8) times after its first try, then ``Conflict``.
+- In Kueue mode no request the adapter sends writes ``spec.suspend``: Hold and Release PUT
+  the Workload; Open PUTs the TrainJob with only the opened mark changed.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+
+from adapter import decisions
+from adapter.decisions import Decision, Mode, Obj, Outcome
+from adapter.errors import (
+    AdapterError,
+    Conflict,
+    Invalid,
+    NotFound,
+    PodsRemain,
+    Rejected,
+    StaleHold,
+    Unsupported,
+)
+from adapter.types import CallMeta, Capability, Observation, PreflightResult, Ref
+from holdwarden.config import Config
+from holdwarden.vocabulary import (
+    JOB_UID_LABEL,
+    JOBSET_NAME_LABEL,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+    Resource,
+    RuleId,
+)
+
+MAX_RETRIES = 8
+CALL_BOUND_MARGIN = timedelta(seconds=5)
+FIELD_MANAGER = "holdwarden-adapter"
+START_POLL_INTERVAL_S = 0.1
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request the adapter is about to send (what the request log and hook see)."""
+
+    verb: str  # get | list | create | update | dry-run-create | access-review
+    resource: str  # trainjobs | workloads | pods | selfsubjectaccessreviews
+    namespace: str
+    name: str = ""
+
+
+RequestHook = Callable[[Request], None]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _api_message(exc: k8s.ApiException) -> str:
+    """The API server's Status message, else the raw reason."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or exc.reason or f"HTTP {exc.status}")
+
+
+def _error_for(exc: k8s.ApiException, what: str) -> AdapterError:
+    """Map an API error (other than a 409 the caller handles) to the adapter's classes."""
+    message = _api_message(exc)
+    if exc.status == 404:
+        return NotFound(f"{what}: not found ({message})")
+    if exc.status == 403:
+        return Rejected(f"{what}: refused by the API server: {message}")
+    if exc.status in (400, 422):
+        return Invalid(f"{what}: the API server found the object invalid: {message}")
+    return AdapterError(f"{what}: API error {exc.status}: {message}")
+
+
+class _ConflictError(Exception):
+    """A PUT met a resourceVersion conflict (HTTP 409)."""
+
+
+def _controlled_by(obj: Obj, uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(r, dict) and r.get("controller") is True and r.get("uid") == uid for r in refs
+    )
+
+
+def _is_deleting(obj: Obj) -> bool:
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+class Adapter:
+    """Start, Open, Hold, Release, Observe and Preflight on TrainJobs.
+
+    ``api_client``: a ``kubernetes.client.ApiClient`` (default: in-cluster config, else the
+    kubeconfig). ``clock``: returns the current aware datetime (tests inject one).
+    ``before_request``: called with each ``Request`` just before its deadline check (tests
+    use it to interleave other writers or move the clock between a read and a write).
+
+    Preflight runs lazily, once per namespace, on the first Hold or Release there (bounded
+    by that call's deadline) and is cached; ``preflight(ns)`` runs it again and replaces the
+    cached result. Thread-safe for concurrent calls.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        api_client: k8s.ApiClient | None = None,
+        *,
+        clock: Clock | None = None,
+        before_request: RequestHook | None = None,
+    ) -> None:
+        self.config = config
+        self.mode: Mode = config.mode
+        self.annotations = Annotations(config.annotation_prefix)
+        self._api = api_client if api_client is not None else _default_client()
+        _disable_transport_retries(self._api)
+        self._custom = k8s.CustomObjectsApi(self._api)
+        self._core = k8s.CoreV1Api(self._api)
+        self._authz = k8s.AuthorizationV1Api(self._api)
+        self._clock: Clock = clock or _utc_now
+        self._hook = before_request
+        self._lock = threading.Lock()
+        self._request_count = 0
+        self.request_log: deque[Request] = deque(maxlen=10_000)
+        # ref -> (TrainJob uid, Workload name): a steady-state Hold is GET + PUT workload.
+        self._workloads: dict[Ref, tuple[str, str]] = {}
+        self._preflights: dict[str, PreflightResult] = {}
+
+    # ---- public properties -----------------------------------------------------------
+
+    @property
+    def call_bound(self) -> timedelta:
+        """``timeouts.apiserverRequest`` + 5 s: how long after its deadline a call's last
+        request may still commit (the margin covers clock skew and the etcd commit of a
+        request that timed out at the API server)."""
+        return self.config.apiserver_request_timeout + CALL_BOUND_MARGIN
+
+    @property
+    def request_count(self) -> int:
+        """Requests sent so far (every verb, every call); the benchmark reads it."""
+        return self._request_count
+
+    # ---- the contract ----------------------------------------------------------------
+
+    def start(self, trainjob: dict[str, Any], meta: CallMeta) -> Ref:
+        """Create the TrainJob; in Kueue mode wait (bounded by the deadline) for its
+        Workload, so every started object has one. On timeout the TrainJob stays created."""
+        deadline = self._deadline(meta)
+        try:
+            body = decisions.validate_start_body(
+                trainjob, mode=self.mode, annotations=self.annotations
+            )
+        except ValueError as exc:
+            raise Invalid(str(exc)) from exc
+        ref = Ref(body["metadata"]["namespace"], body["metadata"]["name"])
+        req = Request("create", TRAINJOB.plural, ref.namespace, ref.name)
+        try:
+            created = self._send(
+                req,
+                deadline,
+                self._custom.create_namespaced_custom_object,
+                *self._coords(TRAINJOB, ref.namespace),
+                body,
+                field_manager=FIELD_MANAGER,
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 409:
+                raise Rejected(f"start {ref}: a TrainJob of that name exists") from exc
+            raise _error_for(exc, f"start {ref}") from exc
+        if self.mode == "plain":
+            return ref
+        uid = str(created["metadata"]["uid"])
+        while True:
+            workload = self._discover_workload(ref, uid, deadline)
+            if workload is not None:
+                return ref
+            remaining = (deadline - self._clock()).total_seconds()
+            if remaining <= 0:
+                raise Rejected(
+                    f"start {ref}: the TrainJob was created but its Workload did not appear"
+                    " before the deadline (is Kueue running and the queue-name label right?)"
+                )
+            time.sleep(min(START_POLL_INTERVAL_S, remaining))
+
+    def open(self, ref: Ref, meta: CallMeta) -> None:
+        """Mark the TrainJob opened (plain mode: and run it if it waits at its start gate)."""
+        deadline = self._deadline(meta)
+        for _ in range(1 + MAX_RETRIES):
+            trainjob = self._get(TRAINJOB, ref.namespace, ref.name, deadline, f"open {ref}")
+            decision = decisions.decide_open(
+                trainjob, mode=self.mode, now=self._clock(), annotations=self.annotations
+            )
+            if decision.outcome is not Outcome.WRITE:
+                self._settle(decision, f"open {ref}")
+                return
+            try:
+                self._put(TRAINJOB, decision, deadline, f"open {ref}")
+                return
+            except _ConflictError:
+                continue
+        raise Conflict(f"open {ref}: {1 + MAX_RETRIES} tries met conflicts")
+
+    def hold(self, ref: Ref, meta: CallMeta, reason: str) -> None:
+        """Place hold ``meta.instance`` (see the spec's conflict rules)."""
+        deadline = self._deadline(meta)
+        instance = self._instance(meta)
+        self._require_hold(ref.namespace, deadline)
+        what = f"hold {ref} instance {instance}"
+        last_seen: str | None = None
+        after_conflict = False
+        for _ in range(1 + MAX_RETRIES):
+            held = self._read_held(ref, deadline, what)
+            decision = decisions.decide_hold(
+                held,
+                mode=self.mode,
+                instance=instance,
+                reason=reason,
+                holder=self.config.holder,
+                now=self._clock(),
+                annotations=self.annotations,
+                last_seen_instance=last_seen,
+                after_conflict=after_conflict,
+            )
+            if decision.outcome is not Outcome.WRITE:
+                self._settle(decision, what)
+                return
+            try:
+                self._put(self._held_resource, decision, deadline, what)
+                return
+            except _ConflictError:
+                last_seen = decisions.hold_instance_raw(held, self.annotations)
+                after_conflict = True
+        raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
+
+    def release(self, ref: Ref, meta: CallMeta) -> None:
+        """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force."""
+        deadline = self._deadline(meta)
+        instance = self._instance(meta)
+        self._require_hold(ref.namespace, deadline)
+        what = f"release {ref} instance {instance}"
+        for _ in range(1 + MAX_RETRIES):
+            held = self._read_held(ref, deadline, what)
+            pods_remain: bool | None = None
+            in_force = decisions.parse_hold_instance_of(held, self.annotations) == instance
+            if (
+                self.mode == "plain"
+                and in_force
+                and decisions.release_would_unsuspend(held, self.annotations)
+            ):
+                pods_remain = self._pods_remain(ref, deadline)
+            decision = decisions.decide_release(
+                held,
+                mode=self.mode,
+                instance=instance,
+                annotations=self.annotations,
+                pods_remain=pods_remain,
+            )
+            if decision.outcome is not Outcome.WRITE:
+                self._settle(decision, what)
+                return
+            try:
+                self._put(self._held_resource, decision, deadline, what)
+                return
+            except _ConflictError:
+                continue
+        raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
+
+    def observe(self, ref: Ref) -> Observation:
+        """Classify the TrainJob (and its Workload in Kueue mode). Sends no writes."""
+        what = f"observe {ref}"
+        trainjob = self._get(TRAINJOB, ref.namespace, ref.name, None, what)
+        workload: Obj | None = None
+        if self.mode == "kueue":
+            workload = self._workload_for(ref, trainjob, None)
+        return decisions.classify(
+            trainjob, workload, mode=self.mode, annotations=self.annotations, ref=ref
+        )
+
+    def preflight(self, namespace: str = "default") -> PreflightResult:
+        """Probe what the adapter can do in ``namespace`` and cache it for Hold/Release."""
+        result = self._run_preflight(namespace, None)
+        self._preflights[namespace] = result
+        return result
+
+    # ---- hold-family helpers ---------------------------------------------------------
+
+    @property
+    def _held_resource(self) -> Resource:
+        return WORKLOAD if self.mode == "kueue" else TRAINJOB
+
+    def _deadline(self, meta: CallMeta) -> datetime:
+        deadline = getattr(meta, "deadline", None)
+        if not isinstance(deadline, datetime):
+            raise Invalid("the call carries no deadline (CallMeta.deadline)")
+        if deadline.tzinfo is None or deadline.utcoffset() is None:
+            raise Invalid("CallMeta.deadline must be timezone-aware, e.g. datetime.now(UTC)")
+        if deadline <= self._clock():
+            raise Rejected(f"the call's deadline {deadline.isoformat()} has passed")
+        return deadline
+
+    @staticmethod
+    def _instance(meta: CallMeta) -> int:
+        instance = meta.instance
+        if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
+            raise Invalid(f"hold instance must be an integer >= 1, got {instance!r}")
+        return instance
+
+    def _require_hold(self, namespace: str, deadline: datetime) -> None:
+        result = self._preflights.get(namespace)
+        if result is None:
+            result = self._run_preflight(namespace, deadline)
+            self._preflights[namespace] = result
+        if not result.hold_supported:
+            raise Unsupported(result.hold_unsupported_reason or "unknown")
+
+    def _settle(self, decision: Decision, what: str) -> None:
+        """Turn a decision that writes nothing into a return or the matching error."""
+        if decision.outcome is Outcome.DONE:
+            return
+        message = f"{what}: {decision.detail}"
+        if decision.outcome is Outcome.STALE:
+            raise StaleHold(message)
+        if decision.outcome is Outcome.PODS_REMAIN:
+            raise PodsRemain(message)
+        if decision.outcome is Outcome.INVALID:
+            raise Invalid(message)
+        raise Rejected(message)
+
+    def _read_held(self, ref: Ref, deadline: datetime, what: str) -> Obj:
+        """Read the held object: the Workload (Kueue mode) or the TrainJob (plain mode)."""
+        if self.mode == "plain":
+            return self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
+        workload = self._workload_for(ref, None, deadline)
+        if workload is None:
+            raise Rejected(f"{what}: the TrainJob has no Workload (not managed by Kueue yet?)")
+        return workload
+
+    def _workload_for(
+        self, ref: Ref, trainjob: Obj | None, deadline: datetime | None
+    ) -> Obj | None:
+        """The TrainJob's Workload, from the cache (one GET) or by discovery.
+
+        A cached Workload is used only if it still has a controller ownerReference to the
+        cached TrainJob uid (and, when ``trainjob`` was read, that uid is the TrainJob's)
+        and is not being deleted; otherwise the cache entry is dropped and rediscovered.
+        """
+        cached = self._workloads.get(ref)
+        uid = str(trainjob["metadata"]["uid"]) if trainjob is not None else None
+        if cached is not None and (uid is None or cached[0] == uid):
+            try:
+                workload = self._get(WORKLOAD, ref.namespace, cached[1], deadline, "")
+            except NotFound:
+                workload = None
+            if (
+                workload is not None
+                and _controlled_by(workload, cached[0])
+                and not _is_deleting(workload)
+            ):
+                return workload
+        self._workloads.pop(ref, None)
+        if trainjob is None:
+            trainjob = self._get(TRAINJOB, ref.namespace, ref.name, deadline, f"{ref}")
+            uid = str(trainjob["metadata"]["uid"])
+        assert uid is not None
+        return self._discover_workload(ref, uid, deadline)
+
+    def _discover_workload(self, ref: Ref, uid: str, deadline: datetime | None) -> Obj | None:
+        """List Workloads labelled job-uid=<uid> and keep the one the TrainJob controls."""
+        req = Request("list", WORKLOAD.plural, ref.namespace)
+        try:
+            listed = self._send(
+                req,
+                deadline,
+                self._custom.list_namespaced_custom_object,
+                *self._coords(WORKLOAD, ref.namespace),
+                label_selector=f"{JOB_UID_LABEL}={uid}",
+            )
+        except k8s.ApiException as exc:
+            raise _error_for(exc, f"find the Workload of {ref}") from exc
+        owned = [
+            w for w in listed.get("items") or [] if _controlled_by(w, uid) and not _is_deleting(w)
+        ]
+        if not owned:
+            return None
+        if len(owned) > 1:
+            names = sorted(str(w["metadata"]["name"]) for w in owned)
+            raise Rejected(f"{ref} has several Workloads {names}; refusing to guess")
+        workload: Obj = owned[0]
+        # The list response's items carry no apiVersion/kind; a PUT needs them.
+        workload.setdefault("apiVersion", WORKLOAD.api_version)
+        workload.setdefault("kind", WORKLOAD.kind)
+        self._workloads[ref] = (uid, str(workload["metadata"]["name"]))
+        return workload
+
+    def _forget_workload(self, namespace: str, name: str) -> None:
+        for ref, (_, cached) in list(self._workloads.items()):
+            if ref.namespace == namespace and cached == name:
+                self._workloads.pop(ref, None)
+
+    def _pods_remain(self, ref: Ref, deadline: datetime) -> bool:
+        req = Request("list", "pods", ref.namespace)
+        try:
+            pods = self._send(
+                req,
+                deadline,
+                self._core.list_namespaced_pod,
+                ref.namespace,
+                label_selector=f"{JOBSET_NAME_LABEL}={ref.name}",
+                limit=1,
+            )
+        except k8s.ApiException as exc:
+            raise _error_for(exc, f"list the pods of {ref}") from exc
+        return bool(pods.items)
+
+    # ---- requests --------------------------------------------------------------------
+
+    @staticmethod
+    def _coords(resource: Resource, namespace: str) -> tuple[str, str, str, str]:
+        return (resource.group, resource.version, namespace, resource.plural)
+
+    def _get(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        deadline: datetime | None,
+        what: str,
+    ) -> Obj:
+        req = Request("get", resource.plural, namespace, name)
+        try:
+            obj: Obj = self._send(
+                req,
+                deadline,
+                self._custom.get_namespaced_custom_object,
+                *self._coords(resource, namespace),
+                name,
+            )
+        except k8s.ApiException as exc:
+            raise _error_for(exc, what or f"get {resource.kind} {namespace}/{name}") from exc
+        return obj
+
+    def _put(self, resource: Resource, decision: Decision, deadline: datetime, what: str) -> Obj:
+        """PUT the decided body; its metadata.resourceVersion is the read's (precondition)."""
+        body = decision.body
+        assert body is not None
+        meta = body["metadata"]
+        if not meta.get("resourceVersion"):
+            raise AssertionError("a write must carry the read's resourceVersion")
+        req = Request("update", resource.plural, meta["namespace"], meta["name"])
+        try:
+            result: Obj = self._send(
+                req,
+                deadline,
+                self._custom.replace_namespaced_custom_object,
+                *self._coords(resource, meta["namespace"]),
+                meta["name"],
+                body,
+                field_manager=FIELD_MANAGER,
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 409:
+                raise _ConflictError() from exc
+            if exc.status == 404 and resource is WORKLOAD:
+                self._forget_workload(meta["namespace"], meta["name"])
+            raise _error_for(exc, what) from exc
+        return result
+
+    def _send(
+        self,
+        req: Request,
+        deadline: datetime | None,
+        fn: Callable[..., Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """Send one request: hook, deadline check, bounded timeout, count, then the call."""
+        if self._hook is not None:
+            self._hook(req)
+        limit = self.config.apiserver_request_timeout
+        if deadline is not None:
+            remaining = deadline - self._clock()
+            if remaining <= timedelta(0):
+                raise Rejected(
+                    f"deadline passed before {req.verb} {req.resource} {req.name}: not sent"
+                )
+            limit = min(limit, remaining)
+        with self._lock:
+            self._request_count += 1
+            self.request_log.append(req)
+        try:
+            return fn(*args, _request_timeout=max(limit.total_seconds(), 0.001), **kwargs)
+        except k8s.ApiException:
+            raise
+        except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
+            raise Rejected(
+                f"{req.verb} {req.resource} {req.name}: no answer within"
+                f" {limit.total_seconds():.3f}s (deadline or timeouts.apiserverRequest); a"
+                " write may still land within call_bound"
+            ) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise AdapterError(
+                f"{req.verb} {req.resource}: cannot reach the API server: {exc}"
+            ) from exc
+
+    # ---- preflight -------------------------------------------------------------------
+
+    def _run_preflight(self, namespace: str, deadline: datetime | None) -> PreflightResult:
+        return PreflightResult(
+            mode=self.mode,
+            namespace=namespace,
+            hold_round_trip=self._probe_round_trip(namespace, deadline),
+            update_workloads=self._probe_access(
+                namespace, "update", WORKLOAD.group, WORKLOAD.plural, deadline
+            ),
+            update_trainjobs=self._probe_access(
+                namespace, "update", TRAINJOB.group, TRAINJOB.plural, deadline
+            ),
+            list_pods=self._probe_access(namespace, "list", "", "pods", deadline),
+            enforcer_installed=self._probe_enforcer(namespace, deadline),
+        )
+
+    def _probe_access(
+        self, namespace: str, verb: str, group: str, resource: str, deadline: datetime | None
+    ) -> Capability:
+        review = k8s.V1SelfSubjectAccessReview(
+            spec=k8s.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=k8s.V1ResourceAttributes(
+                    namespace=namespace, verb=verb, group=group, resource=resource
+                )
+            )
+        )
+        what = f"{verb} {resource}{'.' + group if group else ''} in {namespace}"
+        req = Request("access-review", "selfsubjectaccessreviews", namespace, what)
+        try:
+            answer = self._send(
+                req, deadline, self._authz.create_self_subject_access_review, review
+            )
+        except k8s.ApiException as exc:
+            return Capability(False, f"could not ask whether we may {what}: {_api_message(exc)}")
+        status = answer.status
+        if status is not None and status.allowed:
+            return Capability(True, f"may {what}")
+        why = (status.reason or status.evaluation_error or "") if status is not None else ""
+        return Capability(False, f"may not {what}" + (f": {why}" if why else " (RBAC)"))
+
+    def _preflight_name(self) -> str:
+        return f"holdwarden-preflight-{secrets.token_hex(4)}"
+
+    def _held_probe_body(self, namespace: str) -> tuple[Resource, Obj]:
+        ann = self.annotations
+        annotations = {
+            ann.hold_instance: "1",
+            ann.hold_reason: "preflight hold round trip",
+            ann.held_at: decisions.format_time(self._clock()),
+            ann.held_by: self.config.holder,
+        }
+        meta = {"name": self._preflight_name(), "namespace": namespace, "annotations": annotations}
+        if self.mode == "kueue":
+            return WORKLOAD, {
+                "apiVersion": WORKLOAD.api_version,
+                "kind": WORKLOAD.kind,
+                "metadata": meta,
+                "spec": {
+                    "active": False,
+                    "podSets": [
+                        {
+                            "name": "main",
+                            "count": 1,
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "probe", "image": "busybox"}],
+                                }
+                            },
+                        }
+                    ],
+                },
+            }
+        return TRAINJOB, {
+            "apiVersion": TRAINJOB.api_version,
+            "kind": TRAINJOB.kind,
+            "metadata": meta,
+            "spec": {"runtimeRef": {"name": "holdwarden-preflight"}, "suspend": True},
+        }
+
+    def _probe_round_trip(self, namespace: str, deadline: datetime | None) -> Capability:
+        """Server-side dry-run create of a correctly held object; the echo must keep it."""
+        resource, body = self._held_probe_body(namespace)
+        req = Request("dry-run-create", resource.plural, namespace, body["metadata"]["name"])
+        try:
+            echo = self._send(
+                req,
+                deadline,
+                self._custom.create_namespaced_custom_object,
+                *self._coords(resource, namespace),
+                body,
+                dry_run="All",
+                field_manager=FIELD_MANAGER,
+            )
+        except k8s.ApiException as exc:
+            return Capability(
+                False, f"dry-run create of a held {resource.kind} failed: {_api_message(exc)}"
+            )
+        want = decisions.annotations_of(body)
+        got = decisions.annotations_of(echo)
+        lost = sorted(k for k, v in want.items() if got.get(k) != v)
+        if lost:
+            return Capability(False, f"the API server dropped or changed annotations {lost}")
+        if not decisions.hold_field_set(echo, self.mode):
+            field = "spec.active=false" if self.mode == "kueue" else "spec.suspend=true"
+            return Capability(
+                False, f"the API server did not keep {field} on a held {resource.kind}"
+            )
+        return Capability(True, f"a held {resource.kind} round-trips (server-side dry run)")
+
+    def _probe_enforcer(self, namespace: str, deadline: datetime | None) -> Capability:
+        """Dry-run create of a TrainJob carrying a hold instance while unsuspended: the
+        enforcer must refuse it by rule held-trainjob-suspended."""
+        name = self._preflight_name()
+        body: Obj = {
+            "apiVersion": TRAINJOB.api_version,
+            "kind": TRAINJOB.kind,
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": {self.annotations.hold_instance: "1"},
+            },
+            "spec": {"runtimeRef": {"name": "holdwarden-preflight"}, "suspend": False},
+        }
+        rule = RuleId.HELD_TRAINJOB_SUSPENDED.value
+        req = Request("dry-run-create", TRAINJOB.plural, namespace, name)
+        try:
+            self._send(
+                req,
+                deadline,
+                self._custom.create_namespaced_custom_object,
+                *self._coords(TRAINJOB, namespace),
+                body,
+                dry_run="All",
+                field_manager=FIELD_MANAGER,
+            )
+        except k8s.ApiException as exc:
+            message = _api_message(exc)
+            if rule in message or rule in (exc.body or ""):
+                return Capability(True, f"the enforcer refused a hold-breaking write ({rule})")
+            return Capability(
+                False, f"a hold-breaking dry-run write failed, but not by the enforcer: {message}"
+            )
+        return Capability(
+            False, "a TrainJob held while unsuspended was accepted: no enforcer is installed"
+        )
+
+
+def _default_client() -> k8s.ApiClient:
+    from kubernetes import config as kube_config
+
+    try:
+        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return k8s.ApiClient()
+    except kube_config.ConfigException:
+        api: k8s.ApiClient = kube_config.new_client_from_config()  # type: ignore[no-untyped-call]
+        return api
+
+
+def _disable_transport_retries(api: k8s.ApiClient) -> None:
+    """urllib3 retries idempotent methods (GET and PUT) by default; a re-sent PUT could go
+    out after the deadline check, so the adapter's client never retries in the transport."""
+    rest = getattr(api, "rest_client", None)
+    pool = getattr(rest, "pool_manager", None)
+    if pool is not None and hasattr(pool, "connection_pool_kw"):
+        pool.connection_pool_kw["retries"] = False
+        pool.clear()
