@@ -34,7 +34,9 @@ class ConfigError(ValueError):
 def parse_duration(text: str, key: str = "duration") -> timedelta:
     """Parse a Kubernetes-style duration such as ``60s``, ``1m30s``, ``250ms`` or ``2h``."""
     if not isinstance(text, str) or not text or _DURATION_RE.fullmatch(text) is None:
-        raise ConfigError(key, f"{text!r} is not a duration; write it like '60s', '1m30s' or '250ms'")
+        raise ConfigError(
+            key, f"{text!r} is not a duration; write it like '60s', '1m30s' or '250ms'"
+        )
     match = _DURATION_RE.fullmatch(text)
     assert match is not None
     hours, minutes, seconds, millis = (int(g) if g else 0 for g in match.groups())
@@ -105,12 +107,14 @@ class Config:
         if max_body < 1024:
             raise ConfigError("webhook.maxBodyBytes", "must be at least 1024")
         webhook = WebhookConfig(
-            listen_address=_address(hook.pop_str("listenAddress", defaults.listen_address),
-                                    "webhook.listenAddress"),
+            listen_address=_address(
+                hook.pop_str("listenAddress", defaults.listen_address), "webhook.listenAddress"
+            ),
             cert_dir=Path(hook.pop_str("certDir", str(defaults.cert_dir))),
             audit_log=Path(hook.pop_str("auditLog", str(defaults.audit_log))),
-            metrics_address=_address(hook.pop_str("metricsAddress", defaults.metrics_address),
-                                     "webhook.metricsAddress"),
+            metrics_address=_address(
+                hook.pop_str("metricsAddress", defaults.metrics_address), "webhook.metricsAddress"
+            ),
             max_body_bytes=max_body,
         )
         hook.finish()
@@ -132,7 +136,7 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def _address(value: str, key: str) -> str:
-    host, sep, port = value.rpartition(":")
+    _host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(key, f"{value!r} is not host:port, e.g. '0.0.0.0:9443'")
     return value

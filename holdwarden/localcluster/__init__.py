@@ -1,0 +1,25 @@
+"""A real local control plane (etcd + kube-apiserver) for the tests and the demo."""
+
+from holdwarden.localcluster.binaries import Binaries, BinariesUnavailable, ensure_binaries
+from holdwarden.localcluster.cluster import ControlPlaneError, LocalCluster, running_cluster
+from holdwarden.localcluster.rbac import (
+    EDITOR_USER,
+    KUEUE_IDENTITY,
+    SUPERVISOR_IDENTITY,
+    TRAINER_IDENTITY,
+    UNPRIVILEGED_USER,
+)
+
+__all__ = [
+    "EDITOR_USER",
+    "KUEUE_IDENTITY",
+    "SUPERVISOR_IDENTITY",
+    "TRAINER_IDENTITY",
+    "UNPRIVILEGED_USER",
+    "Binaries",
+    "BinariesUnavailable",
+    "ControlPlaneError",
+    "LocalCluster",
+    "ensure_binaries",
+    "running_cluster",
+]

@@ -1,0 +1,497 @@
+"""A real, local Kubernetes control plane: etcd and kube-apiserver on loopback.
+
+Used by the tests (a session fixture) and by ``holdwarden demo``. Nothing here imitates
+the API server: it runs the real binaries (see ``binaries.py``), with RBAC authorization,
+client-certificate authentication for an admin, a service-account signing key, and the
+real upstream CRDs when they are available.
+
+Invariants:
+- ``start()`` either returns with the API server ready and every CRD Established, or
+  raises ``ControlPlaneError`` with the server's own log tail; it never leaves a process
+  behind (children also die with their parent, via PR_SET_PDEATHSIG).
+- ``stop()`` ends both processes and removes the working directory; it is idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from kubernetes import client as k8s
+
+from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
+from holdwarden.localcluster.binaries import Binaries, ensure_binaries
+from holdwarden.localcluster.rbac import IDENTITY_RBAC
+
+REQUEST_TIMEOUT = timedelta(seconds=60)
+_READY_TIMEOUT_S = 60.0
+_CRD_FILES = (
+    "trainer.kubeflow.org_trainjobs.yaml",
+    "kueue.x-k8s.io_workloads.yaml",
+    "kueue.x-k8s.io_admissionchecks.yaml",
+    "kueue.x-k8s.io_clusterqueues.yaml",
+    "kueue.x-k8s.io_localqueues.yaml",
+    "kueue.x-k8s.io_resourceflavors.yaml",
+)
+
+
+class ControlPlaneError(RuntimeError):
+    """The local control plane could not start; the message carries the server's logs."""
+
+
+def find_crd_dir() -> tuple[Path, str]:
+    """The upstream CRDs when present (CI has them), else the project's minimal ones.
+
+    Order: ``$HOLDWARDEN_CRDS``; ``../shared/crds`` beside the repository; the project's
+    own ``tests/crds``. Returns the folder and which kind it is ("upstream"/"minimal").
+    """
+    repo = Path(__file__).resolve().parents[2]
+    candidates: list[tuple[Path, str]] = []
+    if os.environ.get("HOLDWARDEN_CRDS"):
+        candidates.append((Path(os.environ["HOLDWARDEN_CRDS"]), "configured"))
+    for root in (repo, Path.cwd()):
+        candidates.append((root.parent / "shared" / "crds", "upstream"))
+    for root in (repo, Path.cwd()):
+        candidates.append((root / "tests" / "crds", "minimal"))
+    for folder, kind in candidates:
+        if all((folder / name).is_file() for name in _CRD_FILES):
+            return folder, kind
+    raise ControlPlaneError(
+        "no CRDs found: expected the six CRD files in $HOLDWARDEN_CRDS, ../shared/crds or "
+        f"tests/crds (looked in {', '.join(str(c[0]) for c in candidates)})"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG = 1: the kernel sends SIGTERM to the child when the parent dies,
+    # so a killed test run or demo leaves no etcd or kube-apiserver behind.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    os.setpgrp()
+
+
+class LocalCluster:
+    """etcd + kube-apiserver on 127.0.0.1 with the CRDs installed and test identities bound."""
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        crd_dir: Path | None = None,
+        binaries: Binaries | None = None,
+    ) -> None:
+        self._requested_workdir = workdir
+        self._crd_dir = crd_dir
+        self._binaries = binaries
+        self._workdir: Path | None = None
+        self._owns_workdir = False
+        self._processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.crd_kind = ""
+        self.server_url = ""
+        self.request_timeout = REQUEST_TIMEOUT
+        self.startup_seconds = 0.0
+        self.phase_seconds: dict[str, float] = {}
+        self.ca: KeyPair | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            raise ControlPlaneError("the local control plane is not started")
+        return self._workdir
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    def start(self) -> None:
+        started = time.monotonic()
+        binaries = self._binaries or ensure_binaries()
+        crd_dir, self.crd_kind = (self._crd_dir, "configured") if self._crd_dir else find_crd_dir()
+        if self._requested_workdir is not None:
+            self._workdir = self._requested_workdir
+            self._workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            # /dev/shm keeps etcd's writes off the disk: faster, and nothing to clean up
+            # after a crash survives a reboot.
+            shm = Path("/dev/shm")
+            parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+            self._workdir = Path(tempfile.mkdtemp(prefix="holdwarden-cp-", dir=parent))
+            self._owns_workdir = True
+        try:
+            self._phase("credentials", self._write_credentials)
+            self._phase("etcd", lambda: self._start_etcd(binaries.etcd))
+            self._phase("apiserver", lambda: self._start_apiserver(binaries.kube_apiserver))
+            self._phase("ready", self._wait_ready)
+            self._phase("crds", lambda: self._install_crds(crd_dir))
+            self._phase("rbac", self._install_rbac)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+
+    def _phase(self, name: str, step: Callable[[], None]) -> None:
+        began = time.monotonic()
+        step()
+        self.phase_seconds[name] = time.monotonic() - began
+
+    def stop(self) -> None:
+        for _name, process in reversed(self._processes):
+            if process.poll() is None:
+                process.terminate()
+        # Test data needs no graceful shutdown; a short grace keeps teardown fast.
+        deadline = time.monotonic() + 3
+        for _name, process in reversed(self._processes):
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes.clear()
+        if self._owns_workdir and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    # -- clients -------------------------------------------------------------------
+
+    def configuration(self) -> k8s.Configuration:
+        """A client configuration for the admin (client certificate, O=system:masters)."""
+        configuration = k8s.Configuration()
+        configuration.host = self.server_url
+        configuration.ssl_ca_cert = str(self.workdir / "ca.crt")
+        configuration.cert_file = str(self.workdir / "admin.crt")
+        configuration.key_file = str(self.workdir / "admin.key")
+        configuration.verify_ssl = True
+        return configuration
+
+    def api_client(self, user: str | None = None, groups: Sequence[str] = ()) -> k8s.ApiClient:
+        """An API client for the admin, or impersonating ``user`` when one is given.
+
+        The API server adds ``system:authenticated`` and, for a service-account user name,
+        the service-account groups itself. Only one extra group can be impersonated,
+        since the client keeps one value per default header.
+        """
+        api = k8s.ApiClient(self.configuration())
+        if user is not None:
+            api.default_headers["Impersonate-User"] = user
+            if len(groups) > 1:
+                raise ValueError("api_client can impersonate at most one extra group")
+            for group in groups:
+                api.default_headers["Impersonate-Group"] = group
+        return api
+
+    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        """Create a namespace with a ``default`` ServiceAccount (no controller makes it)."""
+        with self.api_client() as api:
+            core = k8s.CoreV1Api(api)
+            core.create_namespace(
+                k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=labels or {}))
+            )
+            core.create_namespaced_service_account(
+                name, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default"))
+            )
+        return name
+
+    # -- internals -------------------------------------------------------------------
+
+    def _write_credentials(self) -> None:
+        work = self.workdir
+        self.ca = generate_ca(common_name="holdwarden-local-ca")
+        serving = generate_serving(
+            self.ca, "kubernetes", "default", extra_dns=["localhost"], ip_addresses=["127.0.0.1"]
+        )
+        admin = generate_client(self.ca, "holdwarden-admin", organizations=["system:masters"])
+        files = {
+            "ca.crt": self.ca.cert_pem,
+            "serving.crt": serving.cert_pem,
+            "serving.key": serving.key_pem,
+            "admin.crt": admin.cert_pem,
+            "admin.key": admin.key_pem,
+        }
+        sa_key = ec.generate_private_key(ec.SECP256R1())
+        files["sa.key"] = sa_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        files["sa.pub"] = sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        for name, data in files.items():
+            path = work / name
+            path.write_bytes(data)
+            path.chmod(0o600)
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("wb")
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+        self._processes.append((name, process))
+        return process
+
+    def _start_etcd(self, etcd: Path) -> None:
+        client_port, peer_port = _free_port(), _free_port()
+        self._etcd_url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        self._spawn(
+            "etcd",
+            [
+                str(etcd),
+                "--name=holdwarden",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={self._etcd_url}",
+                f"--advertise-client-urls={self._etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=holdwarden={peer_url}",
+                # The upstream Workload CRD is about 1.4 MB; the default 1.5 MiB request
+                # limit leaves too little room once it is stored with its status.
+                "--max-request-bytes=10485760",
+                "--quota-backend-bytes=4294967296",
+                # Test data: durability across power loss is not wanted, speed is.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+
+    def _start_apiserver(self, kube_apiserver: Path) -> None:
+        port = _free_port()
+        self.server_url = f"https://127.0.0.1:{port}"
+        work = self.workdir
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(kube_apiserver),
+                f"--etcd-servers={self._etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={work / 'apiserver-certs'}",
+                f"--tls-cert-file={work / 'serving.crt'}",
+                f"--tls-private-key-file={work / 'serving.key'}",
+                f"--client-ca-file={work / 'ca.crt'}",
+                "--authorization-mode=RBAC",
+                f"--service-account-key-file={work / 'sa.pub'}",
+                f"--service-account-signing-key-file={work / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                f"--request-timeout={int(self.request_timeout.total_seconds())}s",
+                # Admission webhooks registered by tests live on 127.0.0.1.
+                "--enable-admission-plugins=ValidatingAdmissionWebhook",
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ],
+        )
+
+    def _process_logs(self) -> str:
+        parts = []
+        for name, process in self._processes:
+            log = self.workdir / f"{name}.log"
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            parts.append(f"--- {name} (exit code {process.poll()}) ---\n{tail}")
+        return "\n".join(parts)
+
+    def _wait_ready(self) -> None:
+        context = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
+        context.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        last_error = ""
+        while time.monotonic() < deadline:
+            for name, process in self._processes:
+                if process.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with code {process.returncode} during start-up\n"
+                        + self._process_logs()
+                    )
+            try:
+                with urllib.request.urlopen(
+                    f"{self.server_url}/readyz", context=context, timeout=2
+                ) as response:
+                    if response.status == 200:
+                        self._write_kubeconfig()
+                        return
+            except (urllib.error.URLError, OSError) as exc:
+                last_error = str(exc)
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"kube-apiserver not ready after {_READY_TIMEOUT_S:.0f}s ({last_error})\n"
+            + self._process_logs()
+        )
+
+    def _write_kubeconfig(self) -> None:
+        work = self.workdir
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server_url,
+                        "certificate-authority": str(work / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(work / "admin.crt"),
+                        "client-key": str(work / "admin.key"),
+                    },
+                }
+            ],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig))
+
+    def _install_crds(self, crd_dir: Path) -> None:
+        names = []
+        with self.api_client() as api:
+            for file_name in _CRD_FILES:
+                body = yaml.safe_load((crd_dir / file_name).read_text())
+                names.append(body["metadata"]["name"])
+                # A plain create, not a client-side apply: the upstream CRDs exceed the
+                # 256 KiB last-applied annotation limit. Raw JSON both ways, so the client's
+                # models need not validate and round-trip a 1.4 MB schema.
+                self._raw(
+                    api, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body
+                )
+            deadline = time.monotonic() + 30
+            pending = set(names)
+            while pending and time.monotonic() < deadline:
+                for name in sorted(pending):
+                    crd = self._raw(
+                        api,
+                        "GET",
+                        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+                    )
+                    conditions = (crd.get("status") or {}).get("conditions") or []
+                    if any(
+                        c.get("type") == "Established" and c.get("status") == "True"
+                        for c in conditions
+                    ):
+                        pending.discard(name)
+                time.sleep(0.1)
+            if pending:
+                raise ControlPlaneError(f"CRDs not Established after 30s: {sorted(pending)}")
+            # Discovery and the CRD handler catch up a moment after Established.
+            self._wait_served(api)
+
+    def _raw(self, api: k8s.ApiClient, method: str, path: str, body: Any = None) -> Any:
+        response = api.call_api(
+            method,
+            self.server_url + path,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body=body,
+        )
+        data: bytes = response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status < 300:
+            raise ControlPlaneError(f"{method} {path} answered {response.status}: {data[:2000]!r}")
+        return json.loads(data)
+
+    def _wait_served(self, api: k8s.ApiClient) -> None:
+        deadline = time.monotonic() + 20
+        custom = k8s.CustomObjectsApi(api)
+        while True:
+            try:
+                custom.list_cluster_custom_object("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+                custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "workloads")
+                return
+            except k8s.ApiException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _install_rbac(self) -> None:
+        with self.api_client() as api:
+            rbac = k8s.RbacAuthorizationV1Api(api)
+            for identity in IDENTITY_RBAC:
+                role_name = f"holdwarden-test:{identity.short_name}"
+                rbac.create_cluster_role(
+                    k8s.V1ClusterRole(
+                        metadata=k8s.V1ObjectMeta(name=role_name),
+                        rules=[
+                            k8s.V1PolicyRule(
+                                api_groups=list(rule.api_groups),
+                                resources=list(rule.resources),
+                                verbs=list(rule.verbs),
+                            )
+                            for rule in identity.rules
+                        ],
+                    )
+                )
+                rbac.create_cluster_role_binding(
+                    k8s.V1ClusterRoleBinding(
+                        metadata=k8s.V1ObjectMeta(name=role_name),
+                        role_ref=k8s.V1RoleRef(
+                            api_group="rbac.authorization.k8s.io",
+                            kind="ClusterRole",
+                            name=role_name,
+                        ),
+                        subjects=[
+                            k8s.RbacV1Subject(
+                                kind="User",
+                                name=identity.user,
+                                api_group="rbac.authorization.k8s.io",
+                            )
+                        ],
+                    )
+                )
+
+
+@contextlib.contextmanager
+def running_cluster(**kwargs: Any) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(**kwargs)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,84 @@
+"""The identities the local control plane knows, and the RBAC each one is bound to.
+
+The enforcer must see who writes, so tests act as these identities through impersonation.
+Controller identities get roughly what their real controllers' ClusterRoles grant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KUEUE_IDENTITY = "system:serviceaccount:kueue-system:kueue-controller-manager"
+TRAINER_IDENTITY = "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager"
+SUPERVISOR_IDENTITY = "system:serviceaccount:holdwarden-system:dispatch"
+EDITOR_USER = "alice"
+UNPRIVILEGED_USER = "mallory"
+
+_TRAINER = "trainer.kubeflow.org"
+_KUEUE = "kueue.x-k8s.io"
+_READ = ("get", "list", "watch")
+_WRITE = ("get", "list", "watch", "create", "update", "patch", "delete")
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class IdentityRBAC:
+    user: str
+    short_name: str
+    rules: tuple[Rule, ...]
+
+
+IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
+    IdentityRBAC(
+        KUEUE_IDENTITY,
+        "kueue",
+        (
+            Rule((_TRAINER,), ("trainjobs",), ("get", "list", "watch", "update", "patch")),
+            Rule((_TRAINER,), ("trainjobs/status",), ("get", "update", "patch")),
+            Rule((_KUEUE,), ("workloads",), _WRITE),
+            Rule((_KUEUE,), ("workloads/status",), ("get", "update", "patch")),
+            Rule(
+                (_KUEUE,),
+                ("admissionchecks", "clusterqueues", "localqueues", "resourceflavors"),
+                _READ,
+            ),
+            Rule(("",), ("pods",), _READ),
+            Rule(("", "events.k8s.io"), ("events",), ("create", "patch", "update")),
+        ),
+    ),
+    IdentityRBAC(
+        TRAINER_IDENTITY,
+        "trainer",
+        (
+            Rule((_TRAINER,), ("trainjobs",), ("get", "list", "watch", "update", "patch")),
+            Rule((_TRAINER,), ("trainjobs/status",), ("get", "update", "patch")),
+            Rule(("",), ("pods",), _WRITE),
+            Rule(("", "events.k8s.io"), ("events",), ("create", "patch", "update")),
+        ),
+    ),
+    IdentityRBAC(
+        SUPERVISOR_IDENTITY,
+        "supervisor",
+        (
+            Rule((_TRAINER,), ("trainjobs",), _WRITE),
+            # create: preflight's hold round trip is a server-side dry-run create.
+            Rule((_KUEUE,), ("workloads",), ("get", "list", "watch", "create", "update")),
+            Rule(("",), ("pods",), _READ),
+        ),
+    ),
+    IdentityRBAC(
+        EDITOR_USER,
+        "editor",
+        (
+            Rule((_TRAINER,), ("trainjobs", "trainjobs/status"), _WRITE),
+            Rule((_KUEUE,), ("workloads", "workloads/status"), _WRITE),
+            Rule(("",), ("pods",), _WRITE),
+        ),
+    ),
+)
