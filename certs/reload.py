@@ -120,10 +120,7 @@ class ReloadingTLS:
             await asyncio.sleep(interval)
 
     def _reload(self) -> bool:
-        try:
-            stamp = self._stat()
-        except OSError as exc:
-            raise ReloadError(f"cannot stat the certificate files: {exc}") from None
+        stamp = self._stat()
         if stamp == self._stamp:
             return False
         cert_pem, key_pem = self._read()
@@ -143,7 +140,10 @@ class ReloadingTLS:
     # -- internals -------------------------------------------------------------------
 
     def _stat(self) -> _Stamp:
-        return _Stamp(_stat_tuple(self.cert_path), _stat_tuple(self.key_path))
+        try:
+            return _Stamp(_stat_tuple(self.cert_path), _stat_tuple(self.key_path))
+        except OSError as exc:
+            raise ReloadError(f"cannot stat the certificate files: {exc}") from None
 
     def _read(self) -> tuple[bytes, bytes]:
         try:
