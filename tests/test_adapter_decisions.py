@@ -1,0 +1,750 @@
+"""Table tests and properties of the adapter's pure decisions (no I/O)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapter.decisions import (
+    Decision,
+    Outcome,
+    classify,
+    decide_hold,
+    decide_open,
+    decide_release,
+    format_time,
+    kueue_cause,
+    parse_attempt,
+    release_would_unsuspend,
+    validate_start_body,
+)
+from adapter.types import Ref, State
+from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, Annotations
+
+A = Annotations("holdwarden.io")
+NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
+REF = Ref("ns", "job")
+HOLDER = "dispatch"
+
+
+def obj(
+    *,
+    kind: str = "TrainJob",
+    ann: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "x/v1",
+        "kind": kind,
+        "metadata": {"name": "job", "namespace": "ns", "resourceVersion": "42", "uid": "u1"},
+        "spec": dict(spec or {}),
+    }
+    if ann is not None:
+        body["metadata"]["annotations"] = dict(ann)
+    if conditions is not None:
+        body["status"] = {"conditions": conditions}
+    return body
+
+
+def held_ann(instance: str) -> dict[str, str]:
+    return {
+        A.hold_instance: instance,
+        A.hold_reason: "r",
+        A.held_at: "2026-01-01T00:00:00Z",
+        A.held_by: HOLDER,
+    }
+
+
+def cond(type_: str, status: str = "True", reason: str = "R") -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": "m",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+
+
+def hold(o: dict[str, Any], mode: str, m: int, **kw: Any) -> Decision:
+    return decide_hold(
+        o,
+        mode=mode,  # type: ignore[arg-type]
+        instance=m,
+        reason="node lost",
+        holder=HOLDER,
+        now=NOW,
+        annotations=A,
+        **kw,
+    )
+
+
+# ---- Hold ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "spec", "ann", "m", "kw", "expected"),
+    [
+        # no hold in force: write
+        ("kueue", {}, None, 1, {}, Outcome.WRITE),
+        ("plain", {"suspend": False}, None, 1, {}, Outcome.WRITE),
+        # same instance in force (field set): an earlier try landed / idempotent
+        ("kueue", {"active": False}, held_ann("3"), 3, {}, Outcome.DONE),
+        ("plain", {"suspend": True}, held_ann("3"), 3, {}, Outcome.DONE),
+        # same instance annotated but hold field not set (no enforcer): re-assert
+        ("kueue", {"active": True}, held_ann("3"), 3, {}, Outcome.WRITE),
+        ("plain", {"suspend": False}, held_ann("3"), 3, {}, Outcome.WRITE),
+        # older instance in force on the first read: a newer hold supersedes
+        ("kueue", {"active": False}, held_ann("2"), 3, {}, Outcome.WRITE),
+        ("plain", {"suspend": True}, held_ann("2"), 3, {}, Outcome.WRITE),
+        # newer instance in force: stale, first read or after a conflict
+        ("kueue", {"active": False}, held_ann("4"), 3, {}, Outcome.STALE),
+        ("plain", {"suspend": True}, held_ann("4"), 3, {}, Outcome.STALE),
+        (
+            "kueue",
+            {"active": False},
+            held_ann("4"),
+            3,
+            {"after_conflict": True, "last_seen_instance": "4"},
+            Outcome.STALE,
+        ),
+        # after a conflict: same instance seen as before -> some other writer: retry
+        ("kueue", {}, None, 3, {"after_conflict": True, "last_seen_instance": None}, Outcome.WRITE),
+        (
+            "plain",
+            {"suspend": True},
+            held_ann("2"),
+            3,
+            {"after_conflict": True, "last_seen_instance": "2"},
+            Outcome.WRITE,
+        ),
+        # after a conflict: an instance other than the one the last read saw -> stale
+        (
+            "kueue",
+            {"active": False},
+            held_ann("2"),
+            3,
+            {"after_conflict": True, "last_seen_instance": None},
+            Outcome.STALE,
+        ),
+        (
+            "plain",
+            {"suspend": False},
+            None,
+            3,
+            {"after_conflict": True, "last_seen_instance": "2"},
+            Outcome.STALE,
+        ),
+        # after a conflict: our own instance now in force -> success
+        (
+            "kueue",
+            {"active": False},
+            held_ann("3"),
+            3,
+            {"after_conflict": True, "last_seen_instance": None},
+            Outcome.DONE,
+        ),
+        # malformed instance: overwritten on a first read
+        ("kueue", {"active": False}, held_ann("01"), 3, {}, Outcome.WRITE),
+        ("plain", {"suspend": True}, held_ann("x"), 3, {}, Outcome.WRITE),
+        # ...and after a conflict only if the previous read saw the same text
+        (
+            "kueue",
+            {"active": False},
+            held_ann("x"),
+            3,
+            {"after_conflict": True, "last_seen_instance": "x"},
+            Outcome.WRITE,
+        ),
+        (
+            "kueue",
+            {"active": False},
+            held_ann("x"),
+            3,
+            {"after_conflict": True, "last_seen_instance": "y"},
+            Outcome.STALE,
+        ),
+        # invalid calls
+        ("kueue", {}, None, 0, {}, Outcome.INVALID),
+        ("plain", {}, None, -1, {}, Outcome.INVALID),
+    ],
+)
+def test_hold_table(
+    mode: str,
+    spec: dict[str, Any],
+    ann: dict[str, str] | None,
+    m: int,
+    kw: dict[str, Any],
+    expected: Outcome,
+) -> None:
+    decision = hold(obj(spec=spec, ann=ann), mode, m, **kw)
+    assert decision.outcome is expected, decision.detail
+
+
+def test_hold_write_body_kueue() -> None:
+    read = obj(kind="Workload", spec={"active": True, "podSets": []}, ann={"other": "keep"})
+    d = hold(read, "kueue", 7)
+    assert d.body is not None
+    assert d.body["spec"] == {"active": False, "podSets": []}
+    assert d.body["metadata"]["annotations"] == {
+        "other": "keep",
+        A.hold_instance: "7",
+        A.hold_reason: "node lost",
+        A.held_at: "2026-12-02T12:00:00Z",
+        A.held_by: HOLDER,
+    }
+    assert d.body["metadata"]["resourceVersion"] == "42"
+    assert read["spec"]["active"] is True, "the read object is not mutated"
+
+
+def test_hold_write_body_plain() -> None:
+    d = hold(obj(spec={"suspend": False, "runtimeRef": {"name": "r"}}), "plain", 2)
+    assert d.body is not None
+    assert d.body["spec"] == {"suspend": True, "runtimeRef": {"name": "r"}}
+    assert d.body["metadata"]["annotations"][A.hold_instance] == "2"
+
+
+def test_hold_rejects_overlong_reason() -> None:
+    d = decide_hold(
+        obj(),
+        mode="kueue",
+        instance=1,
+        reason="x" * 2000,
+        holder=HOLDER,
+        now=NOW,
+        annotations=A,
+    )
+    assert d.outcome is Outcome.INVALID
+
+
+def test_decision_body_iff_write() -> None:
+    with pytest.raises(ValueError):
+        Decision(Outcome.WRITE)
+    with pytest.raises(ValueError):
+        Decision(Outcome.DONE, body={})
+
+
+# ---- Release -------------------------------------------------------------------------
+
+
+def release(o: dict[str, Any], mode: str, m: int, pods: bool | None = None) -> Decision:
+    return decide_release(o, mode=mode, instance=m, annotations=A, pods_remain=pods)  # type: ignore[arg-type]
+
+
+OPENED = {A.opened: "2026-01-01T00:00:00Z"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "ann", "conds", "pods", "expected", "suspend_after", "attempt_after"),
+    [
+        # instance in force
+        ("kueue", held_ann("3"), None, None, Outcome.WRITE, None, None),
+        # other instance, none, or malformed -> stale
+        ("kueue", held_ann("4"), None, None, Outcome.STALE, None, None),
+        ("kueue", held_ann("2"), None, None, Outcome.STALE, None, None),
+        ("kueue", None, None, None, Outcome.STALE, None, None),
+        ("kueue", held_ann("03"), None, None, Outcome.STALE, None, None),
+        ("plain", held_ann("4"), None, None, Outcome.STALE, None, None),
+        ("plain", {}, None, None, Outcome.STALE, None, None),
+        # plain, held before opened: stays suspended, no attempt
+        ("plain", held_ann("3"), None, None, Outcome.WRITE, True, None),
+        # plain, opened, not ended, no pods: unsuspend and A+1
+        ("plain", {**held_ann("3"), **OPENED}, None, False, Outcome.WRITE, False, "1"),
+        (
+            "plain",
+            {**held_ann("3"), **OPENED, A.attempt: "4"},
+            None,
+            False,
+            Outcome.WRITE,
+            False,
+            "5",
+        ),
+        # plain, opened, pods remain: nothing written
+        ("plain", {**held_ann("3"), **OPENED}, None, True, Outcome.PODS_REMAIN, None, None),
+        # plain, opened but ended: stays suspended
+        (
+            "plain",
+            {**held_ann("3"), **OPENED},
+            [cond("Complete")],
+            None,
+            Outcome.WRITE,
+            True,
+            None,
+        ),
+        (
+            "plain",
+            {**held_ann("3"), **OPENED, A.attempt: "2"},
+            [cond("Failed")],
+            None,
+            Outcome.WRITE,
+            True,
+            "2",
+        ),
+        # a False Complete condition is not ended
+        (
+            "plain",
+            {**held_ann("3"), **OPENED},
+            [cond("Complete", "False")],
+            False,
+            Outcome.WRITE,
+            False,
+            "1",
+        ),
+        # garbled attempt: refuse rather than guess A
+        (
+            "plain",
+            {**held_ann("3"), **OPENED, A.attempt: "two"},
+            None,
+            False,
+            Outcome.REJECTED,
+            None,
+            None,
+        ),
+    ],
+)
+def test_release_table(
+    mode: str,
+    ann: dict[str, str] | None,
+    conds: list[dict[str, Any]] | None,
+    pods: bool | None,
+    expected: Outcome,
+    suspend_after: bool | None,
+    attempt_after: str | None,
+) -> None:
+    spec = {"active": False} if mode == "kueue" else {"suspend": True}
+    d = release(obj(spec=spec, ann=ann, conditions=conds), mode, 3, pods)
+    assert d.outcome is expected, d.detail
+    if expected is not Outcome.WRITE:
+        assert d.body is None
+        return
+    assert d.body is not None
+    written = d.body["metadata"]["annotations"]
+    assert not set(A.hold_keys) & set(written)
+    if mode == "kueue":
+        assert d.body["spec"] == {"active": True}
+    else:
+        assert d.body["spec"]["suspend"] is suspend_after
+        assert written.get(A.attempt) == attempt_after
+
+
+def test_release_of_opened_plain_needs_the_pod_check() -> None:
+    with pytest.raises(ValueError):
+        release(obj(spec={"suspend": True}, ann={**held_ann("3"), **OPENED}), "plain", 3, None)
+
+
+def test_release_would_unsuspend() -> None:
+    assert release_would_unsuspend(obj(ann=OPENED), A)
+    assert not release_would_unsuspend(obj(ann={}), A)
+    assert not release_would_unsuspend(obj(ann=OPENED, conditions=[cond("Failed")]), A)
+
+
+# ---- Open ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "spec", "ann", "conds", "expected", "suspend_after", "attempt_after"),
+    [
+        # at the start gate: open and run (plain)
+        ("plain", {"suspend": True}, None, None, Outcome.WRITE, False, "1"),
+        # held (any value): opened mark only, stays suspended
+        ("plain", {"suspend": True}, held_ann("2"), None, Outcome.WRITE, True, None),
+        ("plain", {"suspend": True}, held_ann("bad"), None, Outcome.WRITE, True, None),
+        # ended: mark only
+        ("plain", {"suspend": True}, None, [cond("Complete")], Outcome.WRITE, True, None),
+        # not suspended (not created by Start): mark only
+        ("plain", {"suspend": False}, None, None, Outcome.WRITE, False, None),
+        # already opened: idempotent, nothing written (even if suspended by someone)
+        ("plain", {"suspend": True}, OPENED, None, Outcome.DONE, None, None),
+        ("kueue", {"suspend": True}, OPENED, None, Outcome.DONE, None, None),
+        # Kueue mode: only the mark, never spec.suspend
+        ("kueue", {"suspend": True}, None, None, Outcome.WRITE, True, None),
+        ("kueue", {}, None, None, Outcome.WRITE, "absent", None),
+        # garbled attempt at the gate
+        ("plain", {"suspend": True}, {A.attempt: "-1"}, None, Outcome.REJECTED, None, None),
+    ],
+)
+def test_open_table(
+    mode: str,
+    spec: dict[str, Any],
+    ann: dict[str, str] | None,
+    conds: list[dict[str, Any]] | None,
+    expected: Outcome,
+    suspend_after: bool | str | None,
+    attempt_after: str | None,
+) -> None:
+    read = obj(spec=spec, ann=ann, conditions=conds)
+    d = decide_open(read, mode=mode, now=NOW, annotations=A)  # type: ignore[arg-type]
+    assert d.outcome is expected, d.detail
+    if d.body is None:
+        return
+    written = d.body["metadata"]["annotations"]
+    assert written[A.opened] == "2026-12-02T12:00:00Z"
+    if suspend_after == "absent":
+        assert "suspend" not in d.body["spec"]
+    else:
+        assert d.body["spec"]["suspend"] is suspend_after
+    assert written.get(A.attempt) == attempt_after
+    # Open never touches the hold annotations
+    for key in A.hold_keys:
+        assert written.get(key) == (ann or {}).get(key)
+
+
+# ---- classify ------------------------------------------------------------------------
+
+
+def tj(
+    *, suspend: bool = True, ann: dict[str, str] | None = None, conds: list[Any] | None = None
+) -> dict[str, Any]:
+    return obj(spec={"suspend": suspend}, ann=ann, conditions=conds)
+
+
+def wl(
+    *, active: bool | None = True, ann: dict[str, str] | None = None, conds: list[Any] | None = None
+) -> dict[str, Any]:
+    spec = {} if active is None else {"active": active}
+    o = obj(kind="Workload", spec=spec, ann=ann, conditions=conds)
+    o["metadata"]["name"] = "wl"
+    o["metadata"]["labels"] = {JOB_UID_LABEL: "u1"}
+    return o
+
+
+@pytest.mark.parametrize(
+    ("trainjob", "workload", "state", "cause"),
+    [
+        # held by us
+        (tj(ann=OPENED), wl(active=False, ann=held_ann("2")), State.HELD, None),
+        # held by us while Kueue also reports a cause: still ours
+        (
+            tj(ann=OPENED),
+            wl(
+                active=False,
+                ann=held_ann("2"),
+                conds=[cond("Evicted", reason="DeactivatedDueToAdmissionCheck")],
+            ),
+            State.HELD,
+            "AdmissionCheck",
+        ),
+        # Kueue's own deactivations, by reason
+        (
+            tj(ann=OPENED),
+            wl(
+                active=False,
+                conds=[cond("Evicted", reason="DeactivatedDueToMaximumExecutionTimeExceeded")],
+            ),
+            State.DEACTIVATED_BY_KUEUE,
+            "MaximumExecutionTimeExceeded",
+        ),
+        (
+            tj(ann=OPENED),
+            wl(
+                active=False,
+                conds=[cond("Evicted", reason="DeactivatedDueToRequeuingLimitExceeded")],
+            ),
+            State.DEACTIVATED_BY_KUEUE,
+            "RequeuingLimitExceeded",
+        ),
+        # DeactivationTarget in progress (still active=true)
+        (
+            tj(suspend=False, ann=OPENED),
+            wl(active=True, conds=[cond("DeactivationTarget", reason="RequeuingLimitExceeded")]),
+            State.DEACTIVATED_BY_KUEUE,
+            "RequeuingLimitExceeded",
+        ),
+        # someone else: reason exactly Deactivated, no hold annotation
+        (
+            tj(ann=OPENED),
+            wl(active=False, conds=[cond("Evicted", reason="Deactivated")]),
+            State.DEACTIVATED_BY_OTHER,
+            None,
+        ),
+        # someone else, before Kueue reacted (no condition yet)
+        (tj(ann=OPENED), wl(active=False), State.DEACTIVATED_BY_OTHER, None),
+        # a garbled annotation with active=true is not a hold in force
+        (tj(suspend=False, ann=OPENED), wl(ann=held_ann("2")), State.RUNNING, None),
+        # start gate, running, waiting for admission
+        (tj(), wl(), State.AT_START_GATE, None),
+        (tj(), None, State.AT_START_GATE, None),
+        (tj(suspend=False, ann=OPENED), wl(active=None), State.RUNNING, None),
+        (tj(ann=OPENED), wl(), State.WAITING_FOR_ADMISSION, None),
+        (tj(ann=OPENED), None, State.WAITING_FOR_ADMISSION, None),
+        # ended wins
+        (
+            tj(ann=OPENED, conds=[cond("Failed")]),
+            wl(active=False, ann=held_ann("2")),
+            State.ENDED,
+            None,
+        ),
+        # a False Evicted condition is no cause
+        (
+            tj(ann=OPENED),
+            wl(conds=[cond("Evicted", "False", "DeactivatedDueToAdmissionCheck")]),
+            State.WAITING_FOR_ADMISSION,
+            None,
+        ),
+    ],
+)
+def test_classify_kueue(
+    trainjob: dict[str, Any], workload: dict[str, Any] | None, state: State, cause: str | None
+) -> None:
+    o = classify(trainjob, workload, mode="kueue", annotations=A, ref=REF)
+    assert o.state is state
+    assert o.kueue_cause == cause
+
+
+def test_classify_held_fields_and_attempt() -> None:
+    o = classify(
+        tj(ann={**OPENED, A.attempt: "3"}),
+        wl(active=False, ann=held_ann("9")),
+        mode="kueue",
+        annotations=A,
+        ref=REF,
+    )
+    assert (o.state, o.hold_instance, o.hold_reason, o.held_by, o.held_at) == (
+        State.HELD,
+        9,
+        "r",
+        HOLDER,
+        "2026-01-01T00:00:00Z",
+    )
+    assert o.attempt == 3 and o.opened and o.workload == "wl"
+
+
+@pytest.mark.parametrize(
+    ("trainjob", "state"),
+    [
+        (tj(ann=held_ann("2")), State.HELD),
+        (tj(ann={**held_ann("2"), **OPENED}), State.HELD),
+        (tj(), State.AT_START_GATE),
+        (tj(suspend=False, ann=OPENED), State.RUNNING),
+        (tj(ann=OPENED), State.DEACTIVATED_BY_OTHER),
+        (tj(ann=OPENED, conds=[cond("Complete")]), State.ENDED),
+        # an annotation on an unsuspended TrainJob is not a hold in force
+        (tj(suspend=False, ann={**held_ann("2"), **OPENED}), State.RUNNING),
+    ],
+)
+def test_classify_plain(trainjob: dict[str, Any], state: State) -> None:
+    assert classify(trainjob, None, mode="plain", annotations=A, ref=REF).state is state
+
+
+def test_kueue_cause_ignores_bare_prefix() -> None:
+    assert kueue_cause(wl(conds=[cond("Evicted", reason="DeactivatedDueTo")])) is None
+
+
+# ---- small helpers -------------------------------------------------------------------
+
+
+def test_format_time_is_utc_rfc3339() -> None:
+    t = datetime(2026, 1, 1, 14, 30, 5, 999, tzinfo=timezone(timedelta(hours=2)))
+    assert format_time(t) == "2026-01-01T12:30:05Z"
+    with pytest.raises(ValueError):
+        format_time(datetime(2026, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [(None, 0), ("0", 0), ("12", 12), ("012", None), ("-1", None), ("", None), ("1.0", None)],
+)
+def test_parse_attempt(text: str | None, value: int | None) -> None:
+    assert parse_attempt(text) == value
+
+
+# ---- Start body validation -----------------------------------------------------------
+
+
+def start_body(**meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "job", "namespace": "ns", **meta},
+        "spec": {"runtimeRef": {"name": "torch"}},
+    }
+
+
+def test_start_body_plain_fills_suspend_and_coordinates() -> None:
+    body = validate_start_body(start_body(), mode="plain", annotations=A)
+    assert body["spec"]["suspend"] is True
+    assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+    assert body["kind"] == "TrainJob"
+
+
+def test_start_body_kueue_leaves_suspend_alone() -> None:
+    body = validate_start_body(
+        start_body(labels={QUEUE_NAME_LABEL: "q"}), mode="kueue", annotations=A
+    )
+    assert "suspend" not in body["spec"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "mutate", "field"),
+    [
+        ("plain", lambda b: b["metadata"].pop("namespace"), "metadata.namespace"),
+        ("plain", lambda b: b["metadata"].update(name="Bad_Name"), "metadata.name"),
+        ("plain", lambda b: b["metadata"].update(name="1abc"), "metadata.name"),
+        ("plain", lambda b: b.update(kind="Job"), "kind"),
+        ("plain", lambda b: b.update(apiVersion="v1"), "apiVersion"),
+        ("plain", lambda b: b.update(spec={}), "spec.runtimeRef.name"),
+        ("plain", lambda b: b["spec"].update(suspend=False), "spec.suspend"),
+        ("plain", lambda b: b["spec"].update(suspend="yes"), "spec.suspend"),
+        ("plain", lambda b: b["metadata"].update(resourceVersion="1"), "metadata.resourceVersion"),
+        (
+            "plain",
+            lambda b: b["metadata"].update(annotations={A.hold_instance: "1"}),
+            A.hold_instance,
+        ),
+        ("plain", lambda b: b["metadata"].update(annotations={A.attempt: "1"}), A.attempt),
+        ("plain", lambda b: b["metadata"].update(labels={QUEUE_NAME_LABEL: "q"}), QUEUE_NAME_LABEL),
+        ("kueue", lambda b: None, QUEUE_NAME_LABEL),
+    ],
+)
+def test_start_body_invalid_names_the_field(mode: str, mutate: Any, field: str) -> None:
+    body = start_body()
+    mutate(body)
+    with pytest.raises(ValueError, match=field.replace(".", r"\.").replace("[", r"\[")):
+        validate_start_body(body, mode=mode, annotations=A)  # type: ignore[arg-type]
+
+
+def test_start_body_not_a_mapping() -> None:
+    with pytest.raises(ValueError, match="mapping"):
+        validate_start_body([], mode="plain", annotations=A)
+
+
+# ---- properties ----------------------------------------------------------------------
+
+modes = st.sampled_from(["kueue", "plain"])
+instance_texts = st.one_of(
+    st.none(),
+    st.integers(min_value=1, max_value=50).map(str),
+    st.sampled_from(["0", "01", "x", "", "-3", " 2"]),
+)
+conditions = st.lists(
+    st.builds(
+        cond,
+        st.sampled_from(["Complete", "Failed", "Evicted", "DeactivationTarget", "Admitted"]),
+        st.sampled_from(["True", "False"]),
+        st.sampled_from(
+            ["Deactivated", "DeactivatedDueToRequeuingLimitExceeded", "R", "DeactivatedDueTo"]
+        ),
+    ),
+    max_size=3,
+)
+
+
+@st.composite
+def objects(draw: st.DrawFn) -> dict[str, Any]:
+    ann: dict[str, str] = {}
+    raw = draw(instance_texts)
+    if raw is not None:
+        ann.update(held_ann(raw))
+    if draw(st.booleans()):
+        ann[A.opened] = "2026-01-01T00:00:00Z"
+    if draw(st.booleans()):
+        ann[A.attempt] = str(draw(st.integers(min_value=0, max_value=9)))
+    spec: dict[str, Any] = {}
+    for key in ("suspend", "active"):
+        value = draw(st.sampled_from([True, False, None]))
+        if value is not None:
+            spec[key] = value
+    return obj(spec=spec, ann=ann, conditions=draw(conditions))
+
+
+def _instance_of(o: dict[str, Any]) -> str | None:
+    return (o["metadata"].get("annotations") or {}).get(A.hold_instance)
+
+
+@settings(max_examples=400)
+@given(
+    objects(),
+    modes,
+    st.integers(min_value=1, max_value=50),
+    st.booleans(),
+    instance_texts,
+)
+def test_property_hold(
+    o: dict[str, Any], mode: str, m: int, after_conflict: bool, last_seen: str | None
+) -> None:
+    before = copy.deepcopy(o)
+    d = hold(o, mode, m, after_conflict=after_conflict, last_seen_instance=last_seen)
+    assert o == before, "decisions never mutate what was read"
+    current = _instance_of(o)
+    if d.outcome is Outcome.WRITE:
+        assert d.body is not None
+        written = d.body["metadata"]["annotations"]
+        assert written[A.hold_instance] == str(m)
+        assert set(A.hold_keys) <= set(written)
+        assert written[A.held_by] == HOLDER
+        assert d.body["metadata"]["resourceVersion"] == "42"
+        if mode == "kueue":
+            assert d.body["spec"]["active"] is False
+            assert d.body["spec"].get("suspend") == o["spec"].get("suspend")
+        else:
+            assert d.body["spec"]["suspend"] is True
+        # never replaces a newer valid instance
+        if current is not None and current.isdigit() and current[0] != "0":
+            assert int(current) <= m
+        if after_conflict:
+            assert current == last_seen or current == str(m)
+    elif d.outcome is Outcome.DONE:
+        assert current == str(m)
+    else:
+        assert d.outcome is Outcome.STALE
+
+
+@settings(max_examples=400)
+@given(objects(), modes, st.integers(min_value=1, max_value=50), st.booleans())
+def test_property_release(o: dict[str, Any], mode: str, m: int, pods: bool) -> None:
+    d = release(o, mode, m, pods)
+    current = _instance_of(o)
+    if current != str(m):
+        assert d.outcome is Outcome.STALE, "a release never touches another instance"
+        return
+    if d.outcome is not Outcome.WRITE:
+        assert d.outcome in (Outcome.PODS_REMAIN, Outcome.REJECTED)
+        return
+    assert d.body is not None
+    assert not set(A.hold_keys) & set(d.body["metadata"]["annotations"])
+    if mode == "kueue":
+        assert d.body["spec"]["active"] is True
+        assert d.body["spec"].get("suspend") == o["spec"].get("suspend")
+        assert d.body["metadata"]["annotations"].get(A.attempt) == (
+            o["metadata"]["annotations"].get(A.attempt)
+        )
+    elif d.body["spec"].get("suspend") is False and o["spec"].get("suspend") is not False:
+        ann = o["metadata"]["annotations"]
+        assert A.opened in ann
+        assert not any(
+            c["type"] in ("Complete", "Failed") and c["status"] == "True"
+            for c in o.get("status", {}).get("conditions", [])
+        )
+        assert not pods
+        assert int(d.body["metadata"]["annotations"][A.attempt]) == int(ann.get(A.attempt, 0)) + 1
+
+
+@settings(max_examples=400)
+@given(objects(), modes)
+def test_property_open(o: dict[str, Any], mode: str) -> None:
+    d = decide_open(o, mode=mode, now=NOW, annotations=A)  # type: ignore[arg-type]
+    if d.body is None:
+        return
+    before = o["metadata"].get("annotations") or {}
+    after = d.body["metadata"]["annotations"]
+    for key in A.hold_keys:
+        assert after.get(key) == before.get(key), "Open never lifts or changes a hold"
+    if mode == "kueue" or _instance_of(o) is not None:
+        assert d.body["spec"].get("suspend") == o["spec"].get("suspend")
+
+
+@settings(max_examples=400)
+@given(objects(), st.one_of(st.none(), objects()))
+def test_property_classify_never_calls_an_unannotated_deactivation_a_hold(
+    trainjob: dict[str, Any], workload: dict[str, Any] | None
+) -> None:
+    o = classify(trainjob, workload, mode="kueue", annotations=A, ref=REF)
+    if o.state is State.HELD:
+        assert workload is not None and _instance_of(workload) is not None
+        assert workload["spec"].get("active", True) is False
+    p = classify(trainjob, None, mode="plain", annotations=A, ref=REF)
+    if p.state is State.HELD:
+        assert _instance_of(trainjob) is not None and trainjob["spec"].get("suspend") is True
