@@ -1,0 +1,26 @@
+"""The README's demo command runs its whole story and every step turns out as narrated."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_demo_tells_the_whole_story() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "holdwarden.cli", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    # "!!" marks a step that did not turn out as the story says.
+    assert "!!" not in out, out
+    assert "refused by the API server (403)" in out
+    assert "[held-workload-inactive]" in out
+    assert "held-workload-inactive   " in out  # the audit table row
+    assert "StaleHold (rejected)" in out
+    assert '"state": "at-start-gate"' in out
+    assert '"attempt": 1' in out
+    assert "nothing left running" in out
