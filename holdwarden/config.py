@@ -55,6 +55,15 @@ class WebhookConfig:
 
 
 @dataclass(frozen=True)
+class ReadmissionConfig:
+    """The readmission gate: a Kueue AdmissionCheck controller run by ``holdwarden serve``."""
+
+    enabled: bool = False
+    controller_name: str = "holdwarden.io/readmission"
+    interval: timedelta = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
 class Config:
     """holdwarden's whole configuration. The adapter and the enforcer read the same one."""
 
@@ -64,6 +73,7 @@ class Config:
     apiserver_request_timeout: timedelta = timedelta(seconds=60)
     kueue_identities: tuple[str, ...] = DEFAULT_KUEUE_IDENTITIES
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    readmission: ReadmissionConfig = field(default_factory=ReadmissionConfig)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Config:
@@ -118,6 +128,18 @@ class Config:
             max_body_bytes=max_body,
         )
         hook.finish()
+        gate = root.pop_section("readmission")
+        gate_defaults = ReadmissionConfig()
+        readmission = ReadmissionConfig(
+            enabled=gate.pop_bool("enabled", gate_defaults.enabled),
+            controller_name=gate.pop_str("controllerName", gate_defaults.controller_name),
+            interval=parse_duration(gate.pop_str("interval", "1s"), "readmission.interval"),
+        )
+        if not readmission.controller_name:
+            raise ConfigError("readmission.controllerName", "must not be empty")
+        if readmission.interval <= timedelta(0):
+            raise ConfigError("readmission.interval", "must be longer than zero")
+        gate.finish()
         root.finish()
         return cls(
             mode=mode,  # type: ignore[arg-type]  # checked above
@@ -126,6 +148,7 @@ class Config:
             apiserver_request_timeout=request_timeout,
             kueue_identities=tuple(identities),
             webhook=webhook,
+            readmission=readmission,
         )
 
 
@@ -164,6 +187,12 @@ class _Section:
         value = self._data.pop(name, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(self._key(name), f"must be an integer, got {value!r}")
+        return value
+
+    def pop_bool(self, name: str, default: bool) -> bool:
+        value = self._data.pop(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(self._key(name), f"must be true or false, got {value!r}")
         return value
 
     def pop_str_list(self, name: str, default: list[str]) -> list[str]:
