@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 binaries: $(STAMP)
-	$(PY) -m holdwarden.localcluster.binaries
+	$(PY) -m holdwarden.localcluster
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
