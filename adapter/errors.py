@@ -34,6 +34,12 @@ class NotFound(Rejected):
     exit_code = 5
 
 
+class DeadlinePassed(Rejected):
+    """The call's deadline passed before a request could be sent; that request was not sent.
+
+    (An addition to the contract's classes: a ``Rejected`` like any other.)"""
+
+
 class Invalid(AdapterError):
     """The call itself is malformed: no deadline, a naive deadline, a bad instance or object."""
 
@@ -69,6 +75,7 @@ class Conflict(AdapterError):
 __all__ = [
     "AdapterError",
     "Conflict",
+    "DeadlinePassed",
     "Invalid",
     "NotFound",
     "PodsRemain",

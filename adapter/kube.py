@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,6 +34,7 @@ from adapter.decisions import Decision, Mode, Obj, Outcome
 from adapter.errors import (
     AdapterError,
     Conflict,
+    DeadlinePassed,
     Invalid,
     NotFound,
     PodsRemain,
@@ -69,6 +70,8 @@ class Request:
     resource: str  # trainjobs | workloads | pods | selfsubjectaccessreviews
     namespace: str
     name: str = ""
+    timeout: float | None = None
+    """Seconds the request was allowed (set in the request log once it is sent)."""
 
 
 RequestHook = Callable[[Request], None]
@@ -197,16 +200,20 @@ class Adapter:
         if self.mode == "plain":
             return ref
         uid = str(created["metadata"]["uid"])
+        timed_out = (
+            f"start {ref}: the TrainJob was created but its Workload did not appear before the"
+            " deadline (is Kueue running and the queue-name label right?)"
+        )
         while True:
-            workload = self._discover_workload(ref, uid, deadline)
+            try:
+                workload = self._discover_workload(ref, uid, deadline)
+            except DeadlinePassed as exc:
+                raise DeadlinePassed(timed_out) from exc
             if workload is not None:
                 return ref
             remaining = (deadline - self._clock()).total_seconds()
             if remaining <= 0:
-                raise Rejected(
-                    f"start {ref}: the TrainJob was created but its Workload did not appear"
-                    " before the deadline (is Kueue running and the queue-name label right?)"
-                )
+                raise DeadlinePassed(timed_out)
             time.sleep(min(START_POLL_INTERVAL_S, remaining))
 
     def open(self, ref: Ref, meta: CallMeta) -> None:
@@ -322,7 +329,7 @@ class Adapter:
         if deadline.tzinfo is None or deadline.utcoffset() is None:
             raise Invalid("CallMeta.deadline must be timezone-aware, e.g. datetime.now(UTC)")
         if deadline <= self._clock():
-            raise Rejected(f"the call's deadline {deadline.isoformat()} has passed")
+            raise DeadlinePassed(f"the call's deadline {deadline.isoformat()} has passed")
         return deadline
 
     @staticmethod
@@ -507,15 +514,16 @@ class Adapter:
         if deadline is not None:
             remaining = deadline - self._clock()
             if remaining <= timedelta(0):
-                raise Rejected(
+                raise DeadlinePassed(
                     f"deadline passed before {req.verb} {req.resource} {req.name}: not sent"
                 )
             limit = min(limit, remaining)
+        timeout = max(limit.total_seconds(), 0.001)
         with self._lock:
             self._request_count += 1
-            self.request_log.append(req)
+            self.request_log.append(replace(req, timeout=timeout))
         try:
-            return fn(*args, _request_timeout=max(limit.total_seconds(), 0.001), **kwargs)
+            return fn(*args, _request_timeout=timeout, **kwargs)
         except k8s.ApiException:
             raise
         except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:

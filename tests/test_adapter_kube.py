@@ -1,0 +1,948 @@
+"""The adapter against the REAL local control plane (etcd + kube-apiserver, real CRDs).
+
+The adapter runs as the supervisor's service account. No Kueue or Trainer controller runs:
+where the story needs one, the test acts as it, impersonating its service account (the
+Workload is created and its status written as Kueue; pods are created as Trainer).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from adapter import Adapter, CallMeta, Config, Ref, State
+from adapter.errors import (
+    Conflict,
+    Invalid,
+    NotFound,
+    PodsRemain,
+    Rejected,
+    StaleHold,
+    Unsupported,
+)
+from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
+from holdwarden.localcluster import LocalCluster
+from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from tests.k8s_objects import trainjob_body, workload_body
+
+pytestmark = pytest.mark.controlplane
+
+A = Annotations("holdwarden.io")
+HOLDER = "dispatch-test"
+
+
+def meta(instance: int | None = None, seconds: float = 20) -> CallMeta:
+    return CallMeta(datetime.now(UTC) + timedelta(seconds=seconds), instance)
+
+
+def make(
+    cluster: LocalCluster,
+    api: k8s.ApiClient,
+    mode: str,
+    **kwargs: Any,
+) -> Adapter:
+    config = Config(
+        mode=mode,  # type: ignore[arg-type]
+        holder=HOLDER,
+        apiserver_request_timeout=cluster.request_timeout,
+    )
+    return Adapter(config, api, **kwargs)
+
+
+class Cluster:
+    """Reads and writes the tests make as other parties (admin, Kueue, Trainer)."""
+
+    def __init__(self, ns: str, admin: k8s.ApiClient, kueue: k8s.ApiClient) -> None:
+        self.ns = ns
+        self.admin = k8s.CustomObjectsApi(admin)
+        self.kueue = k8s.CustomObjectsApi(kueue)
+        self.core = k8s.CoreV1Api(admin)
+
+    def tj_args(self) -> tuple[str, str, str, str]:
+        return (TRAINJOB.group, TRAINJOB.version, self.ns, TRAINJOB.plural)
+
+    def wl_args(self) -> tuple[str, str, str, str]:
+        return (WORKLOAD.group, WORKLOAD.version, self.ns, WORKLOAD.plural)
+
+    def trainjob(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.admin.get_namespaced_custom_object(*self.tj_args(), name)
+        return obj
+
+    def workload(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.admin.get_namespaced_custom_object(*self.wl_args(), name)
+        return obj
+
+    def create_trainjob(self, name: str, *, queue: str | None = None, suspend: bool = True) -> Any:
+        return self.admin.create_namespaced_custom_object(
+            *self.tj_args(), trainjob_body(name, queue=queue, suspend=suspend)
+        )
+
+    def create_workload(self, trainjob: dict[str, Any], name: str | None = None) -> Any:
+        """As Kueue does: label job-uid + controller ownerReference."""
+        wl_name = name or f"trainjob-{trainjob['metadata']['name']}-{uuid.uuid4().hex[:5]}"
+        return self.kueue.create_namespaced_custom_object(
+            *self.wl_args(), workload_body(wl_name, trainjob=trainjob)
+        )
+
+    def kueue_job(self, name: str) -> tuple[Ref, str]:
+        tj = self.create_trainjob(name, queue="user-queue")
+        wl = self.create_workload(tj)
+        return Ref(self.ns, name), wl["metadata"]["name"]
+
+    def set_workload_condition(self, wl_name: str, type_: str, reason: str) -> None:
+        """As Kueue: write a Workload condition through the status subresource."""
+        wl = self.kueue.get_namespaced_custom_object(*self.wl_args(), wl_name)
+        conds = [c for c in (wl.get("status") or {}).get("conditions", []) if c["type"] != type_]
+        conds.append(
+            {
+                "type": type_,
+                "status": "True",
+                "reason": reason,
+                "message": f"{reason} (test)",
+                "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+        wl.setdefault("status", {})["conditions"] = conds
+        self.kueue.replace_namespaced_custom_object_status(*self.wl_args(), wl_name, wl)
+
+    def bump_workload_status(self, wl_name: str) -> None:
+        """A routine Kueue status write: it changes the Workload's resourceVersion."""
+        self.set_workload_condition(wl_name, "QuotaReserved", f"Pending{uuid.uuid4().hex[:6]}")
+
+    def set_workload_active(self, wl_name: str, active: bool, api: Any = None) -> None:
+        api = api or self.kueue
+        wl = api.get_namespaced_custom_object(*self.wl_args(), wl_name)
+        wl["spec"]["active"] = active
+        api.replace_namespaced_custom_object(*self.wl_args(), wl_name, wl)
+
+    def bump_trainjob(self, name: str) -> None:
+        """Another writer touches the TrainJob (a label), changing its resourceVersion."""
+        tj = self.trainjob(name)
+        tj["metadata"].setdefault("labels", {})["touched"] = uuid.uuid4().hex[:8]
+        self.admin.replace_namespaced_custom_object(*self.tj_args(), name, tj)
+
+
+@pytest.fixture
+def kc(namespace: str, admin_client: k8s.ApiClient, kueue_client: k8s.ApiClient) -> Cluster:
+    return Cluster(namespace, admin_client, kueue_client)
+
+
+def updates(adapter: Adapter) -> list[Request]:
+    return [r for r in adapter.request_log if r.verb == "update"]
+
+
+def hold_annotations(obj: dict[str, Any]) -> dict[str, str]:
+    ann = obj["metadata"].get("annotations") or {}
+    return {k: v for k, v in ann.items() if k in A.hold_keys}
+
+
+# ==== Kueue mode ========================================================================
+
+
+def test_kueue_hold_is_one_workload_update_and_leaves_the_trainjob_alone(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.preflight(kc.ns)
+    tj_before = kc.trainjob("job")
+    adapter.hold(ref, meta(3), "node lost")
+    wl = kc.workload(wl_name)
+    assert wl["spec"]["active"] is False
+    held = hold_annotations(wl)
+    assert held[A.hold_instance] == "3"
+    assert held[A.hold_reason] == "node lost"
+    assert held[A.held_by] == HOLDER
+    held_at = datetime.strptime(held[A.held_at], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert abs(datetime.now(UTC) - held_at) < timedelta(seconds=30)
+    assert [(r.resource, r.name) for r in updates(adapter)] == [(WORKLOAD.plural, wl_name)]
+    tj_after = kc.trainjob("job")
+    assert tj_after["metadata"]["resourceVersion"] == tj_before["metadata"]["resourceVersion"]
+    assert not hold_annotations(tj_after)
+
+
+def test_kueue_steady_state_hold_is_two_requests(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, _ = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(ref, meta(1), "first")  # lazy preflight + discovery
+    before = adapter.request_count
+    adapter.hold(ref, meta(2), "second")
+    assert adapter.request_count - before == 2
+    assert [r.verb for r in list(adapter.request_log)[-2:]] == ["get", "update"]
+
+
+def test_kueue_adapter_never_writes_spec_suspend(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.open(ref, meta())
+    adapter.hold(ref, meta(1), "r")
+    adapter.release(ref, meta(1))
+    adapter.hold(ref, meta(2), "r")
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True
+    mine = [m for m in tj["metadata"]["managedFields"] if m["manager"] == FIELD_MANAGER]
+    assert mine, "the adapter's Open wrote the TrainJob under its field manager"
+    for entry in mine:
+        assert "f:spec" not in entry.get("fieldsV1", {}), entry
+    wl = kc.workload(wl_name)
+    wl_mine = [m for m in wl["metadata"]["managedFields"] if m["manager"] == FIELD_MANAGER]
+    assert any("f:active" in str(m.get("fieldsV1")) for m in wl_mine)
+    assert "suspend" not in str(wl_mine)
+    # every TrainJob update the adapter sent was Open's mark
+    assert [r.resource for r in updates(adapter)] == [
+        TRAINJOB.plural,
+        WORKLOAD.plural,
+        WORKLOAD.plural,
+        WORKLOAD.plural,
+    ]
+
+
+def test_kueue_release_refuses_other_instances_then_lifts_in_one_update(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(ref, meta(3), "r")
+    rv = kc.workload(wl_name)["metadata"]["resourceVersion"]
+    for other in (2, 4):
+        with pytest.raises(StaleHold):
+            adapter.release(ref, meta(other))
+    assert kc.workload(wl_name)["metadata"]["resourceVersion"] == rv
+    n = len(updates(adapter))
+    adapter.release(ref, meta(3))
+    assert len(updates(adapter)) == n + 1
+    wl = kc.workload(wl_name)
+    assert wl["spec"]["active"] is True
+    assert hold_annotations(wl) == {}
+    with pytest.raises(StaleHold):  # no hold in force: refused, word for word
+        adapter.release(ref, meta(3))
+
+
+def test_kueue_older_hold_is_refused_newer_supersedes(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(ref, meta(5), "r")
+    with pytest.raises(StaleHold) as raised:
+        adapter.hold(ref, meta(4), "late")
+    assert isinstance(raised.value, Rejected)
+    adapter.hold(ref, meta(5), "again")  # idempotent, no write
+    adapter.hold(ref, meta(6), "newer")
+    assert hold_annotations(kc.workload(wl_name))[A.hold_instance] == "6"
+
+
+@pytest.mark.parametrize(
+    ("cause",), [("MaximumExecutionTimeExceeded",), ("RequeuingLimitExceeded",)]
+)
+def test_observe_kueue_own_deactivation_by_reason(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, cause: str
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    kc.set_workload_active(wl_name, False)
+    kc.set_workload_condition(wl_name, "Evicted", f"DeactivatedDueTo{cause}")
+    before = adapter.request_count
+    obs = adapter.observe(ref)
+    assert obs.state is State.DEACTIVATED_BY_KUEUE
+    assert obs.kueue_cause == cause
+    assert obs.hold_instance is None
+    sent = list(adapter.request_log)[before:]
+    assert sent and all(r.verb in ("get", "list") for r in sent), "Observe never writes"
+
+
+def test_observe_deactivation_in_progress(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    kc.set_workload_condition(wl_name, "DeactivationTarget", "RequeuingLimitExceeded")
+    obs = adapter.observe(ref)
+    assert obs.state is State.DEACTIVATED_BY_KUEUE
+    assert obs.kueue_cause == "RequeuingLimitExceeded"
+
+
+def test_observe_deactivation_by_someone_else_is_never_a_hold(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    editor_client: k8s.ApiClient,
+    kc: Cluster,
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    kc.set_workload_active(wl_name, False, api=k8s.CustomObjectsApi(editor_client))
+    assert adapter.observe(ref).state is State.DEACTIVATED_BY_OTHER
+    kc.set_workload_condition(wl_name, "Evicted", "Deactivated")
+    obs = adapter.observe(ref)
+    assert obs.state is State.DEACTIVATED_BY_OTHER
+    assert obs.hold_instance is None and obs.kueue_cause is None
+    # and Release of any instance refuses: there is no hold of ours to lift
+    with pytest.raises(StaleHold):
+        adapter.release(ref, meta(1))
+    assert kc.workload(wl_name)["spec"]["active"] is False
+
+
+def test_observe_our_hold(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    assert adapter.observe(ref).state is State.AT_START_GATE
+    adapter.open(ref, meta())
+    obs = adapter.observe(ref)
+    assert obs.state is State.WAITING_FOR_ADMISSION and obs.opened
+    adapter.hold(ref, meta(7), "drain node-3")
+    kc.set_workload_condition(wl_name, "Evicted", "Deactivated")  # what Kueue then writes
+    obs = adapter.observe(ref)
+    assert obs.state is State.HELD
+    assert (obs.hold_instance, obs.hold_reason, obs.held_by) == (7, "drain node-3", HOLDER)
+    assert obs.workload == wl_name
+
+
+def test_kueue_hold_without_workload_is_rejected(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    kc.create_trainjob("orphan", queue="user-queue")
+    adapter = make(cluster, supervisor_client, "kueue")
+    with pytest.raises(Rejected) as raised:
+        adapter.hold(Ref(kc.ns, "orphan"), meta(1), "r")
+    assert type(raised.value) is Rejected
+    assert "no Workload" in str(raised.value)
+    with pytest.raises(NotFound):
+        adapter.hold(Ref(kc.ns, "missing"), meta(1), "r")
+
+
+def test_kueue_workload_needs_controller_owner_reference(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """A Workload carrying the job-uid label but no controller ownerReference is not it."""
+    tj = kc.create_trainjob("job", queue="user-queue")
+    body = workload_body("impostor", trainjob=tj)
+    body["metadata"]["ownerReferences"][0]["controller"] = False
+    kc.kueue.create_namespaced_custom_object(*kc.wl_args(), body)
+    adapter = make(cluster, supervisor_client, "kueue")
+    with pytest.raises(Rejected, match="no Workload"):
+        adapter.hold(Ref(kc.ns, "job"), meta(1), "r")
+    assert kc.workload("impostor")["spec"].get("active", True) is True
+
+
+def test_kueue_rediscovers_a_replaced_workload(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(ref, meta(1), "r")
+    adapter.release(ref, meta(1))
+    kc.kueue.delete_namespaced_custom_object(*kc.wl_args(), wl_name)
+    new = kc.create_workload(kc.trainjob("job"), name="replacement")
+    adapter.hold(ref, meta(2), "r")
+    assert hold_annotations(kc.workload(new["metadata"]["name"]))[A.hold_instance] == "2"
+
+
+def test_start_waits_for_the_workload(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "kueue")
+    body = trainjob_body("started", queue="user-queue")
+    body["metadata"]["namespace"] = kc.ns
+
+    def kueue_creates_the_workload() -> None:
+        time.sleep(1.0)
+        kc.create_workload(kc.trainjob("started"))
+
+    actor = threading.Thread(target=kueue_creates_the_workload)
+    actor.start()
+    t0 = time.monotonic()
+    ref = adapter.start(body, meta(seconds=15))
+    elapsed = time.monotonic() - t0
+    actor.join()
+    assert ref == Ref(kc.ns, "started")
+    assert elapsed >= 0.9, "Start returned before the Workload existed"
+    adapter.preflight(kc.ns)
+    before = adapter.request_count
+    adapter.hold(ref, meta(1), "r")  # the Workload found by Start is cached: GET + PUT
+    assert adapter.request_count - before == 2
+
+
+def test_start_times_out_at_the_deadline_without_workload(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "kueue")
+    body = trainjob_body("lonely", queue="user-queue")
+    body["metadata"]["namespace"] = kc.ns
+    t0 = time.monotonic()
+    with pytest.raises(Rejected, match="Workload did not appear"):
+        adapter.start(body, meta(seconds=1.5))
+    elapsed = time.monotonic() - t0
+    assert 1.3 <= elapsed <= 4.0
+    assert kc.trainjob("lonely")["metadata"]["name"] == "lonely"
+
+
+def test_start_validates_the_body(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "kueue")
+    body = trainjob_body("nolabel")
+    body["metadata"]["namespace"] = kc.ns
+    with pytest.raises(Invalid, match="queue-name"):
+        adapter.start(body, meta())
+    assert adapter.request_count == 0
+
+
+# ==== plain mode ========================================================================
+
+
+def test_plain_hold_is_one_update_with_suspend_and_annotations(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "plain")
+    body = trainjob_body("job")
+    body["metadata"]["namespace"] = kc.ns
+    ref = adapter.start(body, meta())
+    assert kc.trainjob("job")["spec"]["suspend"] is True  # at its start gate
+    adapter.open(ref, meta())
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is False
+    assert tj["metadata"]["annotations"][A.attempt] == "1"
+    n = len(updates(adapter))
+    adapter.hold(ref, meta(2), "r")
+    assert len(updates(adapter)) == n + 1
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True
+    assert set(hold_annotations(tj)) == set(A.hold_keys)
+    assert adapter.observe(ref).state is State.HELD
+
+
+def make_pod(ns: str, job: str, trainer: k8s.ApiClient) -> str:
+    name = f"{job}-node-0-{uuid.uuid4().hex[:5]}"
+    k8s.CoreV1Api(trainer).create_namespaced_pod(
+        ns,
+        k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=name, labels={JOBSET_NAME_LABEL: job}),
+            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
+        ),
+    )
+    return name
+
+
+def test_plain_release_with_pods_remaining_writes_nothing(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    trainer_client: k8s.ApiClient,
+    kc: Cluster,
+) -> None:
+    adapter = make(cluster, supervisor_client, "plain")
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    adapter.open(ref, meta())
+    pod = make_pod(kc.ns, "job", trainer_client)
+    make_pod(kc.ns, "other", trainer_client)  # another job's pod does not count
+    adapter.hold(ref, meta(1), "r")
+    rv = kc.trainjob("job")["metadata"]["resourceVersion"]
+    n = len(updates(adapter))
+    with pytest.raises(PodsRemain):
+        adapter.release(ref, meta(1))
+    assert len(updates(adapter)) == n
+    tj = kc.trainjob("job")
+    assert tj["metadata"]["resourceVersion"] == rv
+    assert tj["spec"]["suspend"] is True and hold_annotations(tj)[A.hold_instance] == "1"
+    k8s.CoreV1Api(trainer_client).delete_namespaced_pod(pod, kc.ns, grace_period_seconds=0)
+    deadline = time.monotonic() + 10
+    while (
+        k8s.CoreV1Api(trainer_client)
+        .list_namespaced_pod(kc.ns, label_selector=f"{JOBSET_NAME_LABEL}=job")
+        .items
+    ):
+        assert time.monotonic() < deadline, "the pod did not go away"
+        time.sleep(0.1)
+    adapter.release(ref, meta(1))
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is False
+    assert tj["metadata"]["annotations"][A.attempt] == "2"
+    assert hold_annotations(tj) == {}
+
+
+def test_plain_held_before_opened_stays_suspended_after_release(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "plain")
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    adapter.hold(ref, meta(1), "r")
+    adapter.release(ref, meta(1))
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True
+    assert A.attempt not in (tj["metadata"].get("annotations") or {})
+    assert adapter.observe(ref).state is State.AT_START_GATE
+    adapter.open(ref, meta())
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is False and tj["metadata"]["annotations"][A.attempt] == "1"
+
+
+def test_plain_release_of_ended_job_keeps_it_suspended(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "plain")
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    adapter.open(ref, meta())
+    adapter.hold(ref, meta(1), "r")
+    tj = kc.trainjob("job")
+    tj["status"] = {
+        "conditions": [
+            {
+                "type": "Complete",
+                "status": "True",
+                "reason": "JobsetCompleted",
+                "message": "done",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ]
+    }
+    kc.admin.replace_namespaced_custom_object_status(*kc.tj_args(), "job", tj)
+    adapter.release(ref, meta(1))
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True
+    assert tj["metadata"]["annotations"][A.attempt] == "1"
+    assert adapter.observe(ref).state is State.ENDED
+
+
+def test_plain_open_on_held_object_writes_only_the_opened_mark(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "plain")
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    adapter.hold(ref, meta(4), "r")
+    held = hold_annotations(kc.trainjob("job"))
+    adapter.open(ref, meta())
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True
+    assert hold_annotations(tj) == held
+    assert A.opened in tj["metadata"]["annotations"]
+    assert A.attempt not in tj["metadata"]["annotations"]
+    adapter.open(ref, meta())  # idempotent
+    assert kc.trainjob("job")["metadata"]["resourceVersion"] == tj["metadata"]["resourceVersion"]
+
+
+def test_stale_open_never_lifts_a_hold(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """Open reads the object at its gate, a Hold lands before Open's write: the write
+    conflicts, Open re-reads, sees the hold and writes only the opened mark."""
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    holder = make(cluster, supervisor_client, "plain")
+    fired: list[bool] = []
+
+    def hold_lands_before_open_writes(req: Request) -> None:
+        if req.verb == "update" and not fired:
+            fired.append(True)
+            holder.hold(ref, meta(9), "overtakes open")
+
+    opener = make(cluster, supervisor_client, "plain", before_request=hold_lands_before_open_writes)
+    opener.open(ref, meta())
+    assert fired
+    assert len(updates(opener)) == 2  # the conflicted try and the mark-only retry
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True
+    assert hold_annotations(tj)[A.hold_instance] == "9"
+    assert A.opened in tj["metadata"]["annotations"]
+    assert A.attempt not in tj["metadata"]["annotations"]
+
+
+# ==== stale calls and conflicts =========================================================
+
+
+def interleave(action: Callable[[], None], times: int = 1) -> Callable[[Request], None]:
+    """A hook that runs ``action`` (another writer) just before the adapter's first
+    ``times`` updates, i.e. between the adapter's read and its write."""
+    left = [times]
+
+    def hook(req: Request) -> None:
+        if req.verb == "update" and left[0] > 0:
+            left[0] -= 1
+            action()
+
+    return hook
+
+
+@pytest.fixture
+def kueue_job(kc: Cluster) -> Iterator[tuple[Ref, str]]:
+    yield kc.kueue_job("job")
+
+
+def test_conflict_from_another_writer_is_retried(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, wl_name = kueue_job
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: kc.bump_workload_status(wl_name), times=3),
+    )
+    adapter.hold(ref, meta(1), "r")
+    assert len(updates(adapter)) == 4
+    assert hold_annotations(kc.workload(wl_name))[A.hold_instance] == "1"
+    adapter2 = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: kc.bump_workload_status(wl_name), times=2),
+    )
+    adapter2.release(ref, meta(1))
+    assert len(updates(adapter2)) == 3
+    assert kc.workload(wl_name)["spec"]["active"] is True
+
+
+def test_hold_overtaken_by_newer_hold_between_read_and_write_is_stale(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, wl_name = kueue_job
+    other = make(cluster, supervisor_client, "kueue")
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: other.hold(ref, meta(3), "newer")),
+    )
+    with pytest.raises(StaleHold):
+        adapter.hold(ref, meta(2), "older")
+    assert hold_annotations(kc.workload(wl_name))[A.hold_instance] == "3"
+
+
+def test_hold_after_conflict_with_other_instance_is_stale_even_if_older(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    """Word for word: after a conflict, an instance other than the one the last read saw
+    is StaleHold — even an older one (hold 1 landed between Hold(5)'s read and write)."""
+    ref, wl_name = kueue_job
+    other = make(cluster, supervisor_client, "kueue")
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: other.hold(ref, meta(1), "older")),
+    )
+    with pytest.raises(StaleHold):
+        adapter.hold(ref, meta(5), "r")
+    assert hold_annotations(kc.workload(wl_name))[A.hold_instance] == "1"
+
+
+def test_hold_whose_earlier_try_landed_succeeds_after_conflict(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, wl_name = kueue_job
+    other = make(cluster, supervisor_client, "kueue")
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: other.hold(ref, meta(2), "same instance")),
+    )
+    adapter.hold(ref, meta(2), "r")
+    assert len(updates(adapter)) == 1
+    assert hold_annotations(kc.workload(wl_name))[A.hold_instance] == "2"
+
+
+def test_release_overtaken_by_newer_hold_is_stale(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, wl_name = kueue_job
+    other = make(cluster, supervisor_client, "kueue")
+    other.hold(ref, meta(1), "r")
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: other.hold(ref, meta(2), "newer")),
+    )
+    with pytest.raises(StaleHold):
+        adapter.release(ref, meta(1))
+    wl = kc.workload(wl_name)
+    assert wl["spec"]["active"] is False and hold_annotations(wl)[A.hold_instance] == "2"
+
+
+def test_eight_retries_then_conflict(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, wl_name = kueue_job
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: kc.bump_workload_status(wl_name), times=100),
+    )
+    with pytest.raises(Conflict):
+        adapter.hold(ref, meta(1, seconds=60), "r")
+    assert len(updates(adapter)) == 1 + MAX_RETRIES == 9
+    assert hold_annotations(kc.workload(wl_name)) == {}
+
+
+def test_plain_conflict_retries_then_conflict(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "plain",
+        before_request=interleave(lambda: kc.bump_trainjob("job"), times=100),
+    )
+    with pytest.raises(Conflict):
+        adapter.open(ref, meta(seconds=60))
+    assert len(updates(adapter)) == 9
+
+
+# ==== deadlines =========================================================================
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+def test_deadline_expiring_between_read_and_write_sends_no_write(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, wl_name = kueue_job
+    clock = FakeClock()
+
+    def time_passes_before_the_write(req: Request) -> None:
+        if req.verb == "update":
+            clock.offset = timedelta(seconds=30)
+
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        clock=clock,
+        before_request=time_passes_before_the_write,
+    )
+    adapter.preflight(kc.ns)
+    rv = kc.workload(wl_name)["metadata"]["resourceVersion"]
+    before = adapter.request_count
+    with pytest.raises(Rejected, match="deadline passed"):
+        adapter.hold(ref, meta(1, seconds=10), "r")
+    assert updates(adapter) == []
+    assert [r.verb for r in list(adapter.request_log)[before:]] == ["get", "list"]
+    assert adapter.request_count - before == 2
+    assert kc.workload(wl_name)["metadata"]["resourceVersion"] == rv
+
+
+def test_missing_naive_or_passed_deadline(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, _ = kueue_job
+    adapter = make(cluster, supervisor_client, "kueue")
+    with pytest.raises(Invalid):
+        adapter.hold(ref, CallMeta(None, 1), "r")
+    with pytest.raises(Invalid):
+        adapter.hold(ref, CallMeta(datetime.now() + timedelta(seconds=30), 1), "r")
+    with pytest.raises(Rejected):
+        adapter.hold(ref, CallMeta(datetime.now(UTC) - timedelta(seconds=1), 1), "r")
+    with pytest.raises(Invalid):
+        adapter.hold(ref, meta(None), "r")
+    with pytest.raises(Invalid):
+        adapter.release(ref, meta(0))
+    with pytest.raises(Invalid):
+        adapter.open(ref, CallMeta(None))
+    assert adapter.request_count == 0
+
+
+def test_deadline_bounds_each_request_timeout(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    ref, _ = kueue_job
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(ref, meta(1, seconds=5), "r")
+    timeouts = [r.timeout for r in adapter.request_log]
+    assert timeouts and all(t is not None and 0 < t <= 5 for t in timeouts)
+    short = Adapter(
+        Config(mode="kueue", holder=HOLDER, apiserver_request_timeout=timedelta(seconds=2)),
+        supervisor_client,
+    )
+    short.hold(ref, meta(2, seconds=50), "r")
+    assert all(r.timeout == 2.0 for r in short.request_log)
+
+
+def test_call_bound(cluster: LocalCluster, supervisor_client: k8s.ApiClient) -> None:
+    adapter = make(cluster, supervisor_client, "kueue")
+    assert adapter.call_bound == cluster.request_timeout + timedelta(seconds=5)
+
+
+# ==== preflight =========================================================================
+
+
+@pytest.mark.parametrize("mode", ["kueue", "plain"])
+def test_preflight_as_supervisor(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, namespace: str, mode: str
+) -> None:
+    adapter = make(cluster, supervisor_client, mode)
+    result = adapter.preflight(namespace)
+    assert result.hold_round_trip.supported, result.hold_round_trip.reason
+    assert result.update_workloads.supported
+    assert result.list_pods.supported
+    assert result.hold_supported and result.hold_unsupported_reason is None
+    # no enforcer is installed in this namespace: the hold-breaking dry run is accepted
+    assert not result.enforcer_installed.supported
+    assert "no enforcer" in result.enforcer_installed.reason
+    assert not [r for r in adapter.request_log if r.verb == "update"]
+    assert all(r.verb != "create" for r in adapter.request_log), "only dry-run creates"
+
+
+def test_preflight_detects_an_admission_refusal_naming_the_rule(
+    cluster: LocalCluster,
+    admin_client: k8s.ApiClient,
+    supervisor_client: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    """Stand in for the enforcer with a real in-apiserver ValidatingAdmissionPolicy that
+    refuses what the enforcer refuses, with a message naming the rule; scoped to this
+    test's namespace."""
+    adm = k8s.AdmissionregistrationV1Api(admin_client)
+    name = f"holdwarden-test-{namespace}"
+    adm.create_validating_admission_policy(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [TRAINJOB.group],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": [TRAINJOB.plural],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": (
+                            f"!has(object.metadata.annotations) || !('{A.hold_instance}' in"
+                            " object.metadata.annotations) || (has(object.spec.suspend) &&"
+                            " object.spec.suspend == true)"
+                        ),
+                        "message": "held-trainjob-suspended: a held TrainJob must be suspended",
+                    }
+                ],
+            },
+        }
+    )
+    adm.create_validating_admission_policy_binding(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        }
+    )
+    try:
+        adapter = make(cluster, supervisor_client, "plain")
+        deadline = time.monotonic() + 20
+        while True:  # policies take effect asynchronously
+            result = adapter.preflight(namespace)
+            if result.enforcer_installed.supported or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert result.enforcer_installed.supported, result.enforcer_installed.reason
+        assert "held-trainjob-suspended" in result.enforcer_installed.reason
+        assert result.hold_round_trip.supported  # a correctly held object passes
+    finally:
+        adm.delete_validating_admission_policy_binding(name)
+        adm.delete_validating_admission_policy(name)
+
+
+def test_unsupported_without_rights(
+    cluster: LocalCluster, unprivileged_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, unprivileged_client, "kueue")
+    result = adapter.preflight(kc.ns)
+    assert not result.hold_round_trip.supported
+    assert not result.update_workloads.supported
+    assert not result.list_pods.supported
+    assert not result.hold_supported
+    with pytest.raises(Unsupported) as raised:
+        adapter.hold(ref, meta(1), "r")
+    assert raised.value.reason == result.hold_unsupported_reason
+    with pytest.raises(Unsupported):
+        adapter.release(ref, meta(1))
+    assert hold_annotations(kc.workload(wl_name)) == {}
+
+
+def test_unsupported_in_kueue_mode_without_workload_update(
+    cluster: LocalCluster, admin_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """The round trip works (create is allowed), but updating Workloads is not: Hold is
+    unsupported, found lazily by the first Hold."""
+    user = f"creator-{kc.ns}"
+    rbac = k8s.RbacAuthorizationV1Api(admin_client)
+    rbac.create_namespaced_role(
+        kc.ns,
+        {
+            "metadata": {"name": "create-only"},
+            "rules": [
+                {
+                    "apiGroups": [WORKLOAD.group],
+                    "resources": [WORKLOAD.plural],
+                    "verbs": ["get", "list", "create"],
+                },
+                {
+                    "apiGroups": [TRAINJOB.group],
+                    "resources": [TRAINJOB.plural],
+                    "verbs": ["get", "create"],
+                },
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        kc.ns,
+        {
+            "metadata": {"name": "create-only"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "create-only",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+    ref, wl_name = kc.kueue_job("job")
+    api = cluster.api_client(user)
+    try:
+        adapter = make(cluster, api, "kueue")
+        with pytest.raises(Unsupported, match="may not update Workloads"):
+            adapter.hold(ref, meta(1), "r")
+        assert updates(adapter) == []
+        result = adapter.preflight(kc.ns)
+        assert result.hold_round_trip.supported, result.hold_round_trip.reason
+        assert not result.update_workloads.supported
+    finally:
+        api.close()
+    assert hold_annotations(kc.workload(wl_name)) == {}
