@@ -4,6 +4,7 @@ from holdwarden.localcluster.binaries import Binaries, BinariesUnavailable, ensu
 from holdwarden.localcluster.cluster import ControlPlaneError, LocalCluster, running_cluster
 from holdwarden.localcluster.rbac import (
     EDITOR_USER,
+    ENFORCER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     TRAINER_IDENTITY,
@@ -12,6 +13,7 @@ from holdwarden.localcluster.rbac import (
 
 __all__ = [
     "EDITOR_USER",
+    "ENFORCER_IDENTITY",
     "KUEUE_IDENTITY",
     "SUPERVISOR_IDENTITY",
     "TRAINER_IDENTITY",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 KUEUE_IDENTITY = "system:serviceaccount:kueue-system:kueue-controller-manager"
 TRAINER_IDENTITY = "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager"
 SUPERVISOR_IDENTITY = "system:serviceaccount:holdwarden-system:dispatch"
+ENFORCER_IDENTITY = "system:serviceaccount:holdwarden-system:holdwarden"
 EDITOR_USER = "alice"
 UNPRIVILEGED_USER = "mallory"
 
@@ -69,6 +70,19 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
             Rule((_TRAINER,), ("trainjobs",), _WRITE),
             # create: preflight's hold round trip is a server-side dry-run create.
             Rule((_KUEUE,), ("workloads",), ("get", "list", "watch", "create", "update")),
+            Rule(("",), ("pods",), _READ),
+        ),
+    ),
+    IdentityRBAC(
+        # holdwarden serve: the readmission gate's rights (the webhook itself needs none).
+        ENFORCER_IDENTITY,
+        "enforcer",
+        (
+            Rule((_TRAINER,), ("trainjobs",), ("get", "list", "watch", "update")),
+            Rule((_KUEUE,), ("workloads",), _READ),
+            Rule((_KUEUE,), ("workloads/status",), ("get", "update")),
+            Rule((_KUEUE,), ("admissionchecks",), _READ),
+            Rule((_KUEUE,), ("admissionchecks/status",), ("get", "update")),
             Rule(("",), ("pods",), _READ),
         ),
     ),

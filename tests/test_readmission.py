@@ -1,0 +1,164 @@
+"""The readmission gate's pure decision: table tests and properties."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from holdwarden.vocabulary import Annotations
+from webhook.readmission import GateAction, decide_readmission, granted_attempt, why_waiting
+
+NOTES = Annotations()
+CHECKS = frozenset({"holdwarden-readmission"})
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+def workload(
+    *, state: str = "Pending", message: str = "", hold: str | None = None, active: bool = True
+) -> dict[str, Any]:
+    annotations = {NOTES.hold_instance: hold} if hold is not None else {}
+    return {
+        "metadata": {"name": "wl", "namespace": "ns", "annotations": annotations},
+        "spec": {"active": active},
+        "status": {
+            "admissionChecks": [
+                {
+                    "name": "other-check",
+                    "state": "Pending",
+                    "message": "",
+                    "lastTransitionTime": "x",
+                },
+                {
+                    "name": "holdwarden-readmission",
+                    "state": state,
+                    "message": message,
+                    "lastTransitionTime": "x",
+                },
+            ]
+        },
+    }
+
+
+def trainjob(
+    *, opened: bool = True, attempt: str | None = None, ended: str | None = None
+) -> dict[str, Any]:
+    annotations: dict[str, str] = {}
+    if opened:
+        annotations[NOTES.opened] = "2026-12-02T11:00:00Z"
+    if attempt is not None:
+        annotations[NOTES.attempt] = attempt
+    conditions = [{"type": ended, "status": "True"}] if ended else []
+    return {
+        "metadata": {"name": "job", "annotations": annotations},
+        "status": {"conditions": conditions},
+    }
+
+
+def decide(wl: dict[str, Any], tj: dict[str, Any] | None, pods: int = 0) -> Any:
+    return decide_readmission(wl, tj, pods, check_names=CHECKS, annotations=NOTES, now=NOW)
+
+
+@pytest.mark.parametrize(
+    ("wl", "tj", "pods", "why"),
+    [
+        (workload(), None, 0, "its TrainJob was not found"),
+        (workload(), trainjob(opened=False), 0, "has not been opened"),
+        (workload(), trainjob(ended="Complete"), 0, "has ended (Complete)"),
+        (workload(), trainjob(ended="Failed"), 0, "has ended (Failed)"),
+        (workload(hold="3"), trainjob(), 0, "hold instance 3 is in force"),
+        (workload(hold="garbled"), trainjob(), 0, "hold instance garbled is in force"),
+        (workload(active=False), trainjob(), 0, "deactivated"),
+        (workload(), trainjob(), 2, "2 pod(s) of the previous execution remain"),
+    ],
+)
+def test_pending_check_waits_and_says_why(
+    wl: dict[str, Any], tj: dict[str, Any] | None, pods: int, why: str
+) -> None:
+    decision = decide(wl, tj, pods)
+    assert decision.action is GateAction.KEEP_PENDING
+    assert why in decision.reason
+    entry = decision.workload["status"]["admissionChecks"][1]
+    assert entry["state"] == "Pending"
+    assert why in entry["message"]
+    # Asked again with the message already written, the gate writes nothing.
+    again = decide(decision.workload, tj, pods)
+    assert again.action is GateAction.NOTHING
+
+
+@pytest.mark.parametrize(("attempt", "granted"), [(None, 1), ("0", 1), ("4", 5), ("junk", 1)])
+def test_pending_check_turns_ready_with_the_next_attempt(attempt: str | None, granted: int) -> None:
+    decision = decide(workload(), trainjob(attempt=attempt))
+    assert decision.action is GateAction.MARK_READY
+    entry = decision.workload["status"]["admissionChecks"][1]
+    assert entry["state"] == "Ready"
+    assert granted_attempt(entry["message"]) == granted
+    assert entry["lastTransitionTime"] == "2026-12-02T12:00:00Z"
+    # The other check is never touched.
+    assert (
+        decision.workload["status"]["admissionChecks"][0]
+        == workload()["status"]["admissionChecks"][0]
+    )
+
+
+def test_ready_check_raises_attempt_once() -> None:
+    ready = workload(state="Ready", message="holdwarden: attempt 5 admitted")
+    raise_it = decide(ready, trainjob(attempt="4"))
+    assert raise_it.action is GateAction.RAISE_ATTEMPT
+    assert raise_it.trainjob["metadata"]["annotations"][NOTES.attempt] == "5"
+    # Once recorded, nothing more; and a higher A is never lowered.
+    assert decide(ready, raise_it.trainjob).action is GateAction.NOTHING
+    assert decide(ready, trainjob(attempt="9")).action is GateAction.NOTHING
+
+
+@pytest.mark.parametrize(
+    "wl",
+    [
+        workload(state="Retry"),
+        workload(state="Rejected"),
+        workload(state="Ready", message="set by someone else"),
+    ],
+)
+def test_states_that_are_not_ours_are_left_alone(wl: dict[str, Any]) -> None:
+    assert decide(wl, trainjob()).action is GateAction.NOTHING
+
+
+def test_workload_without_our_check_is_left_alone() -> None:
+    wl = workload()
+    wl["status"]["admissionChecks"].pop()
+    assert decide(wl, trainjob()).action is GateAction.NOTHING
+
+
+def test_inputs_are_not_mutated() -> None:
+    wl, tj = workload(), trainjob(attempt="1")
+    wl_before, tj_before = copy.deepcopy(wl), copy.deepcopy(tj)
+    decide(wl, tj)
+    decide(workload(state="Ready", message="holdwarden: attempt 2 admitted"), tj)
+    assert (wl, tj) == (wl_before, tj_before)
+
+
+@given(
+    opened=st.booleans(),
+    ended=st.sampled_from([None, "Complete", "Failed"]),
+    hold=st.one_of(st.none(), st.sampled_from(["1", "7", "x"])),
+    active=st.booleans(),
+    pods=st.integers(0, 3),
+    attempt=st.one_of(st.none(), st.integers(0, 50).map(str)),
+)
+def test_ready_only_when_nothing_stands_in_the_way(
+    opened: bool, ended: str | None, hold: str | None, active: bool, pods: int, attempt: str | None
+) -> None:
+    wl = workload(hold=hold, active=active)
+    tj = trainjob(opened=opened, ended=ended, attempt=attempt)
+    decision = decide(wl, tj, pods)
+    blocked = not opened or ended is not None or hold is not None or not active or pods > 0
+    assert (decision.action is GateAction.MARK_READY) == (not blocked)
+    assert (why_waiting(wl, tj, pods, NOTES) is None) == (not blocked)
+    if decision.action is GateAction.MARK_READY:
+        granted = granted_attempt(decision.workload["status"]["admissionChecks"][1]["message"])
+        recorded = int(attempt) if attempt else 0
+        assert granted == recorded + 1

@@ -1,0 +1,214 @@
+"""The readmission gate against the real control plane, Kueue played through its identity."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from holdwarden.config import Config, ReadmissionConfig
+from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
+from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from tests.k8s_objects import trainjob_body, workload_body
+from webhook.readmission import granted_attempt
+from webhook.readmission_controller import (
+    ADMISSION_CHECK_GROUP,
+    ADMISSION_CHECK_VERSION,
+    ADMISSION_CHECKS,
+    ReadmissionGate,
+)
+
+NOTES = Annotations()
+
+
+@pytest.fixture
+def check_name(admin_client: k8s.ApiClient) -> str:
+    """An AdmissionCheck served by a gate with a controller name unique to this test."""
+    name = f"readmission-{uuid.uuid4().hex[:8]}"
+    k8s.CustomObjectsApi(admin_client).create_cluster_custom_object(
+        ADMISSION_CHECK_GROUP,
+        ADMISSION_CHECK_VERSION,
+        ADMISSION_CHECKS,
+        {
+            "apiVersion": f"{ADMISSION_CHECK_GROUP}/{ADMISSION_CHECK_VERSION}",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": name},
+            "spec": {"controllerName": f"holdwarden.io/{name}"},
+        },
+    )
+    return name
+
+
+def _gate(cluster: LocalCluster, check_name: str) -> ReadmissionGate:
+    config = Config(
+        readmission=ReadmissionConfig(
+            enabled=True,
+            controller_name=f"holdwarden.io/{check_name}",
+            interval=timedelta(milliseconds=100),
+        )
+    )
+    return ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+
+
+class Objects:
+    def __init__(self, admin: k8s.ApiClient, kueue: k8s.ApiClient, namespace: str) -> None:
+        self.admin = k8s.CustomObjectsApi(admin)
+        self.kueue = k8s.CustomObjectsApi(kueue)
+        self.core = k8s.CoreV1Api(admin)
+        self.namespace = namespace
+
+    def trainjob(self) -> dict[str, Any]:
+        found: Any = self.admin.get_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, self.namespace, TRAINJOB.plural, "job"
+        )
+        return dict(found)
+
+    def workload(self) -> dict[str, Any]:
+        found: Any = self.admin.get_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, self.namespace, WORKLOAD.plural, "wl"
+        )
+        return dict(found)
+
+    def check(self, name: str) -> dict[str, Any]:
+        checks = self.workload()["status"]["admissionChecks"]
+        entry: dict[str, Any] = next(c for c in checks if c["name"] == name)
+        return entry
+
+    def annotate_trainjob(self, key: str, value: str) -> None:
+        self.admin.patch_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, self.namespace, TRAINJOB.plural, "job",
+            {"metadata": {"annotations": {key: value}}},
+        )  # fmt: skip
+
+    def kueue_sets_check(self, name: str, state: str, **spec: Any) -> None:
+        """What Kueue does: list the check on the Workload (Pending after an eviction)."""
+        workload = self.workload()
+        if spec:
+            workload["spec"].update(spec)
+            workload = dict(
+                self.kueue.replace_namespaced_custom_object(  # type: ignore[call-overload]
+                    WORKLOAD.group, WORKLOAD.version, self.namespace, WORKLOAD.plural, "wl",
+                    workload,
+                )
+            )  # fmt: skip
+        workload.setdefault("status", {})["admissionChecks"] = [
+            {
+                "name": name,
+                "state": state,
+                "message": "",
+                "lastTransitionTime": "2026-12-02T12:00:00Z",
+            }
+        ]
+        self.kueue.replace_namespaced_custom_object_status(
+            WORKLOAD.group, WORKLOAD.version, self.namespace, WORKLOAD.plural, "wl", workload
+        )
+
+
+@pytest.fixture
+def objects(admin_client: k8s.ApiClient, kueue_client: k8s.ApiClient, namespace: str) -> Objects:
+    made = Objects(admin_client, kueue_client, namespace)
+    created: Any = made.admin.create_namespaced_custom_object(
+        TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural,
+        trainjob_body("job", queue="user-queue"),
+    )  # fmt: skip
+    made.kueue.create_namespaced_custom_object(
+        WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural,
+        workload_body("wl", trainjob=created),
+    )  # fmt: skip
+    return made
+
+
+def _pod(trainer: k8s.ApiClient, namespace: str, name: str) -> None:
+    k8s.CoreV1Api(trainer).create_namespaced_pod(
+        namespace,
+        k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=name, labels={JOBSET_NAME_LABEL: "job"}),
+            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
+        ),
+    )
+
+
+def test_gate_admits_only_an_opened_job_whose_old_pods_are_gone(
+    cluster: LocalCluster, objects: Objects, check_name: str, trainer_client: k8s.ApiClient
+) -> None:
+    gate = _gate(cluster, check_name)
+    objects.kueue_sets_check(check_name, "Pending")
+
+    gate.run_once()
+    assert objects.check(check_name)["state"] == "Pending"
+    assert "has not been opened" in objects.check(check_name)["message"]
+
+    objects.annotate_trainjob(NOTES.opened, "2026-12-02T12:00:00Z")
+    _pod(trainer_client, objects.namespace, "job-node-0")
+    gate.run_once()
+    assert objects.check(check_name)["state"] == "Pending"
+    assert "1 pod(s) of the previous execution remain" in objects.check(check_name)["message"]
+
+    k8s.CoreV1Api(trainer_client).delete_namespaced_pod("job-node-0", objects.namespace)
+    gate.run_once()
+    check = objects.check(check_name)
+    assert check["state"] == "Ready"
+    assert granted_attempt(check["message"]) == 1
+    assert objects.trainjob()["metadata"]["annotations"][NOTES.attempt] == "1"
+
+    # Further passes change nothing: A is raised once per admission.
+    version = objects.trainjob()["metadata"]["resourceVersion"]
+    gate.run_once()
+    gate.run_once()
+    assert objects.trainjob()["metadata"]["resourceVersion"] == version
+    assert objects.trainjob()["metadata"]["annotations"][NOTES.attempt] == "1"
+
+    # The AdmissionCheck itself is kept Active.
+    served: Any = objects.admin.get_cluster_custom_object(
+        ADMISSION_CHECK_GROUP, ADMISSION_CHECK_VERSION, ADMISSION_CHECKS, check_name
+    )
+    assert any(
+        c["type"] == "Active" and c["status"] == "True" for c in served["status"]["conditions"]
+    )
+
+
+def test_gate_keeps_a_held_workload_pending_and_counts_the_next_attempt(
+    cluster: LocalCluster, objects: Objects, check_name: str
+) -> None:
+    gate = _gate(cluster, check_name)
+    objects.annotate_trainjob(NOTES.opened, "2026-12-02T12:00:00Z")
+    objects.annotate_trainjob(NOTES.attempt, "3")
+    # A hold is in force and Kueue, having evicted, lists the check Pending again.
+    held = objects.workload()
+    held["metadata"].setdefault("annotations", {})[NOTES.hold_instance] = "2"
+    held["spec"]["active"] = False
+    objects.kueue.replace_namespaced_custom_object(
+        WORKLOAD.group, WORKLOAD.version, objects.namespace, WORKLOAD.plural, "wl", held
+    )
+    objects.kueue_sets_check(check_name, "Pending")
+    gate.run_once()
+    assert objects.check(check_name)["state"] == "Pending"
+    assert "hold instance 2 is in force" in objects.check(check_name)["message"]
+
+    # Release (as the adapter writes it): active again, hold annotations gone.
+    released = objects.workload()
+    del released["metadata"]["annotations"][NOTES.hold_instance]
+    released["spec"]["active"] = True
+    objects.kueue.replace_namespaced_custom_object(
+        WORKLOAD.group, WORKLOAD.version, objects.namespace, WORKLOAD.plural, "wl", released
+    )
+    gate.run_once()
+    assert objects.check(check_name)["state"] == "Ready"
+    assert objects.trainjob()["metadata"]["annotations"][NOTES.attempt] == "4"
+
+
+def test_gate_thread_runs_passes_until_stopped(cluster: LocalCluster, check_name: str) -> None:
+    gate = _gate(cluster, check_name)
+    gate.start()
+    try:
+        deadline = time.monotonic() + 10
+        while gate.passes < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        gate.stop()
+    assert gate.passes >= 3
+    assert gate.errors == 0

@@ -1,0 +1,166 @@
+"""The readmission gate's decision: may Kueue admit this Workload's next execution?
+
+PURE: no I/O. ``decide_readmission`` gets the Workload, its TrainJob and how many pods of
+the job remain, and says what to write.
+
+The gate is a Kueue AdmissionCheck. Kueue admits a Workload only when every one of its
+checks is ``Ready``; on eviction it puts them back to ``Pending``. The gate marks its check
+``Ready`` only when the TrainJob is opened, has not ended, no hold is in force (no hold
+instance annotation and ``spec.active`` not false) and no pod of the previous execution
+remains. So a Release in Kueue mode cannot run the object while the held execution's pods
+are still there (never two executions), and a hold placed at any time keeps the check from
+turning Ready.
+
+``P/attempt`` (A, executions started) rises when the gate grants an admission. The granted
+number is written in the check's message (``holdwarden: attempt N admitted``) *with* the
+Ready state, in one status update; the TrainJob's A is raised to N afterwards, and only if
+it is lower. That keeps A exact when a write fails or the gate restarts in between: the
+check's message remembers what was granted, and raising to N is idempotent.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from holdwarden.vocabulary import Annotations, parse_hold_instance
+
+Obj = Mapping[str, Any]
+
+_GRANTED_RE = re.compile(r"holdwarden: attempt ([1-9][0-9]{0,18}) admitted")
+
+
+class GateAction(StrEnum):
+    NOTHING = "nothing"
+    """No write: the check is not ours to decide now, or it already says the right thing."""
+    KEEP_PENDING = "keep-pending"
+    """Write the check's message (still Pending) so people can see why it waits."""
+    MARK_READY = "mark-ready"
+    """Write the check Ready with the granted attempt (a Workload status update)."""
+    RAISE_ATTEMPT = "raise-attempt"
+    """Raise the TrainJob's P/attempt to the attempt the Ready check granted."""
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    action: GateAction
+    reason: str
+    workload: dict[str, Any] | None = None
+    """The whole Workload to write to its status subresource (KEEP_PENDING, MARK_READY)."""
+    trainjob: dict[str, Any] | None = None
+    """The whole TrainJob to write (RAISE_ATTEMPT)."""
+
+
+def _annotation(obj: Obj | None, key: str) -> str | None:
+    if obj is None:
+        return None
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    return value if isinstance(value, str) else None
+
+
+def attempt_of(trainjob: Obj, annotations: Annotations) -> int:
+    """A as recorded on the TrainJob; absent or garbled counts as 0 executions."""
+    value = _annotation(trainjob, annotations.attempt)
+    if value == "0":
+        return 0
+    return parse_hold_instance(value) or 0
+
+
+def _ended(trainjob: Obj) -> str | None:
+    for condition in (trainjob.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return str(condition["type"])
+    return None
+
+
+def _check(workload: Obj, check_names: frozenset[str]) -> tuple[int, Mapping[str, Any]] | None:
+    checks = (workload.get("status") or {}).get("admissionChecks") or []
+    for index, check in enumerate(checks):
+        if isinstance(check, Mapping) and check.get("name") in check_names:
+            return index, check
+    return None
+
+
+def granted_attempt(message: object) -> int | None:
+    """The attempt a Ready check of ours granted, read back from its message."""
+    if not isinstance(message, str):
+        return None
+    match = _GRANTED_RE.fullmatch(message)
+    return int(match.group(1)) if match else None
+
+
+def why_waiting(
+    workload: Obj, trainjob: Obj | None, pods_remaining: int, annotations: Annotations
+) -> str | None:
+    """Why the next execution may not be admitted yet, or None when it may."""
+    if trainjob is None:
+        return "its TrainJob was not found"
+    if _annotation(trainjob, annotations.opened) is None:
+        return "the TrainJob has not been opened (it waits at its start gate)"
+    ended = _ended(trainjob)
+    if ended is not None:
+        return f"the TrainJob has ended ({ended})"
+    instance = _annotation(workload, annotations.hold_instance)
+    if instance is not None:
+        return f"hold instance {instance} is in force"
+    if (workload.get("spec") or {}).get("active") is False:
+        return "the Workload is deactivated (spec.active=false)"
+    if pods_remaining > 0:
+        return f"{pods_remaining} pod(s) of the previous execution remain"
+    return None
+
+
+def decide_readmission(
+    workload: Obj,
+    trainjob: Obj | None,
+    pods_remaining: int,
+    *,
+    check_names: frozenset[str],
+    annotations: Annotations,
+    now: datetime,
+) -> GateDecision:
+    """What the gate writes for one Workload.
+
+    Invariants: MARK_READY only when ``why_waiting`` is None; RAISE_ATTEMPT only raises A
+    to the attempt a Ready check of ours granted, never lowers it and never raises it twice
+    for one grant; checks not listed in ``check_names`` are never touched.
+    """
+    found = _check(workload, check_names)
+    if found is None:
+        return GateDecision(GateAction.NOTHING, "no admission check of ours on this Workload")
+    index, check = found
+    state = check.get("state")
+    if state == "Ready":
+        granted = granted_attempt(check.get("message"))
+        if granted is None or trainjob is None:
+            return GateDecision(GateAction.NOTHING, "Ready, nothing granted to record")
+        if attempt_of(trainjob, annotations) >= granted:
+            return GateDecision(GateAction.NOTHING, f"attempt {granted} already recorded")
+        raised = copy.deepcopy(dict(trainjob))
+        raised["metadata"].setdefault("annotations", {})[annotations.attempt] = str(granted)
+        return GateDecision(
+            GateAction.RAISE_ATTEMPT, f"record attempt {granted} on the TrainJob", trainjob=raised
+        )
+    if state != "Pending":
+        # Retry and Rejected belong to Kueue's own bookkeeping.
+        return GateDecision(GateAction.NOTHING, f"check state {state!r} is not ours to change")
+    waiting = why_waiting(workload, trainjob, pods_remaining, annotations)
+    updated = copy.deepcopy(dict(workload))
+    entry = updated["status"]["admissionChecks"][index]
+    if waiting is not None:
+        message = f"holdwarden: waiting: {waiting}"
+        if check.get("message") == message:
+            return GateDecision(GateAction.NOTHING, waiting)
+        entry["message"] = message
+        return GateDecision(GateAction.KEEP_PENDING, waiting, workload=updated)
+    assert trainjob is not None  # why_waiting returns a reason when it is None
+    attempt = attempt_of(trainjob, annotations) + 1
+    entry["state"] = "Ready"
+    entry["message"] = f"holdwarden: attempt {attempt} admitted"
+    entry["lastTransitionTime"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return GateDecision(GateAction.MARK_READY, f"admit attempt {attempt}", workload=updated)
