@@ -1,10 +1,172 @@
-"""Placeholder until this part's sub-commands land; registers nothing."""
+"""Operator sub-commands over the adapter.
+
+``holdwarden hold|release|open|status NAMESPACE/NAME [--instance N] [--timeout 30s]
+[--reason TEXT] [--config FILE] [--kubeconfig PATH]`` and ``holdwarden preflight
+[--namespace NS]``. Exit codes: 0 success; 2 usage or configuration error; otherwise the
+adapter error's ``exit_code`` (3 rejected, 4 stale hold, 5 not found, 6 unsupported,
+7 pods remain, 8 conflict, 1 any other API error). ``preflight`` exits 6 when Hold is
+unsupported.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from adapter.errors import AdapterError, Unsupported
+from adapter.kube import Adapter
+from adapter.types import CallMeta, Observation, PreflightResult, Ref
+from holdwarden.config import Config, ConfigError, parse_duration
+
+USAGE_ERROR = 2
+
+
+def _ref(text: str) -> Ref:
+    try:
+        return Ref.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _instance(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a hold instance, an integer >= 1")
+    return int(text)
+
+
+def _timeout(text: str) -> timedelta:
+    try:
+        value = parse_duration(text, "--timeout")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if value <= timedelta(0):
+        raise argparse.ArgumentTypeError("--timeout must be longer than zero")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="holdwarden YAML configuration")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig (default: in-cluster)")
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    calls = {
+        "hold": "place hold instance N (Kueue mode: deactivate the Workload)",
+        "release": "lift hold instance N (refused unless N is the hold in force)",
+        "open": "open the TrainJob (plain mode: run it if it waits at its start gate)",
+        "status": "observe the TrainJob: held, deactivated, at its start gate, running, ...",
+    }
+    for name, help_text in calls.items():
+        p = subparsers.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("ref", type=_ref, metavar="NAMESPACE/NAME", help="the TrainJob")
+        if name in ("hold", "release"):
+            p.add_argument("--instance", type=_instance, required=True, metavar="N")
+        if name != "status":
+            p.add_argument(
+                "--timeout",
+                type=_timeout,
+                default=timedelta(seconds=30),
+                metavar="DURATION",
+                help="the call's deadline from now, e.g. 30s (default 30s)",
+            )
+        if name == "hold":
+            p.add_argument("--reason", default="operator hold", metavar="TEXT")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print the Observation as JSON")
+        _common(p)
+        p.set_defaults(handler=_run_call, call=name)
+    pre = subparsers.add_parser(
+        "preflight",
+        help="probe what the adapter can do: hold round trip, RBAC, enforcer",
+        description="Probe the hold round trip, RBAC and whether the enforcer is installed.",
+    )
+    pre.add_argument("--namespace", default="default", metavar="NS")
+    pre.add_argument("--json", action="store_true", help="print the result as JSON")
+    _common(pre)
+    pre.set_defaults(handler=_run_preflight)
+
+
+def _adapter(args: argparse.Namespace) -> Adapter:
+    """Build the adapter; raises ConfigError (or the kube config loader's errors)."""
+    config = Config.from_file(args.config) if args.config else Config()
+    api = None
+    if args.kubeconfig:
+        from kubernetes import config as kube_config
+
+        api = kube_config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    return Adapter(config, api)
+
+
+def _setup(args: argparse.Namespace) -> Adapter | None:
+    try:
+        return _adapter(args)
+    except ConfigError as exc:
+        print(f"holdwarden: configuration error: {exc}", file=sys.stderr)
+    except Exception as exc:  # the kube config loader raises several unrelated types
+        print(f"holdwarden: cannot load Kubernetes credentials: {exc}", file=sys.stderr)
     return None
+
+
+def _print_observation(obs: Observation, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obs.to_dict(), indent=2, sort_keys=True))
+        return
+    print(f"{obs.ref}: {obs.state.value}")
+    for key, value in obs.to_dict().items():
+        if key not in ("ref", "state") and value is not None:
+            print(f"  {key}: {value}")
+
+
+def _run_call(args: argparse.Namespace) -> int:
+    adapter = _setup(args)
+    if adapter is None:
+        return USAGE_ERROR
+    ref: Ref = args.ref
+    call: str = args.call
+    try:
+        if call == "status":
+            _print_observation(adapter.observe(ref), args.json)
+            return 0
+        meta = CallMeta(datetime.now(UTC) + args.timeout, getattr(args, "instance", None))
+        if call == "hold":
+            adapter.hold(ref, meta, args.reason)
+            print(f"held {ref} (instance {args.instance})")
+        elif call == "release":
+            adapter.release(ref, meta)
+            print(f"released {ref} (instance {args.instance})")
+        else:
+            adapter.open(ref, meta)
+            print(f"opened {ref}")
+        return 0
+    except AdapterError as exc:
+        print(f"holdwarden {call}: {exc.classification}: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _print_preflight(result: PreflightResult, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        return
+    print(f"mode {result.mode}, namespace {result.namespace}")
+    for name, cap in result.capabilities().items():
+        print(f"  {name:<18} {'yes' if cap.supported else 'NO ':<4} {cap.reason}")
+    if result.hold_supported:
+        print("hold: supported")
+    else:
+        print(f"hold: UNSUPPORTED: {result.hold_unsupported_reason}")
+
+
+def _run_preflight(args: argparse.Namespace) -> int:
+    adapter = _setup(args)
+    if adapter is None:
+        return USAGE_ERROR
+    try:
+        result = adapter.preflight(args.namespace)
+    except AdapterError as exc:
+        print(f"holdwarden preflight: {exc.classification}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    _print_preflight(result, args.json)
+    return 0 if result.hold_supported else Unsupported.exit_code
