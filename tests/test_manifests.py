@@ -1,0 +1,277 @@
+"""manifests/ and Dockerfile: they parse, agree with each other and with the contract, and
+the real kube-apiserver accepts every object (server-side dry run, strict field validation).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from holdwarden.config import Config, split_address
+from holdwarden.localcluster import LocalCluster
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+NAMESPACE = "holdwarden-system"
+
+
+def _documents() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((path.name, doc))
+    return docs
+
+
+DOCS = _documents()
+
+
+def one(kind: str) -> dict[str, Any]:
+    found = [doc for _, doc in DOCS if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def test_kustomization_lists_exactly_the_manifest_files() -> None:
+    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    listed = kustomization["resources"]
+    assert len(listed) == len(set(listed))
+    on_disk = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(listed) == on_disk
+    # No namespace transformer: every object names its namespace itself.
+    assert "namespace" not in kustomization
+
+
+def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system() -> None:
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding",
+                      "ValidatingWebhookConfiguration"}  # fmt: skip
+    kinds = sorted(doc["kind"] for _, doc in DOCS)
+    assert kinds == sorted(
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "ValidatingWebhookConfiguration",
+        ]
+    )
+    for name, doc in DOCS:
+        assert doc["apiVersion"] and doc["metadata"]["name"], name
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in doc["metadata"], name
+        else:
+            assert doc["metadata"]["namespace"] == NAMESPACE, name
+    assert one("Namespace")["metadata"]["name"] == NAMESPACE
+
+
+def test_webhook_configuration_matches_the_contract() -> None:
+    vwc = one("ValidatingWebhookConfiguration")
+    assert vwc["metadata"]["name"] == "holdwarden-enforcer"
+    (hook,) = vwc["webhooks"]
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["sideEffects"] == "None"
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["matchPolicy"] == "Equivalent"
+    assert hook["timeoutSeconds"] == 5
+    assert "caBundle" not in hook["clientConfig"]  # injected by `holdwarden certs inject`
+    service = one("Service")
+    assert hook["clientConfig"]["service"] == {
+        "name": service["metadata"]["name"],
+        "namespace": NAMESPACE,
+        "path": "/validate",
+        "port": 443,
+    }
+    rules = {
+        (rule["apiGroups"][0], rule["apiVersions"][0], rule["resources"][0]): rule
+        for rule in hook["rules"]
+    }
+    assert set(rules) == {
+        (TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural),
+        (WORKLOAD.group, WORKLOAD.version, WORKLOAD.plural),
+    }
+    for rule in hook["rules"]:
+        assert len(rule["apiGroups"]) == len(rule["apiVersions"]) == len(rule["resources"]) == 1
+        # CREATE and UPDATE (docs/HELPERS.md); never the status subresource, never DELETE.
+        assert rule["operations"] == ["CREATE", "UPDATE"]
+        assert all("/" not in r and "*" not in r for r in rule["resources"])
+        assert rule["scope"] == "Namespaced"
+
+
+def _config() -> Config:
+    data = yaml.safe_load(one("ConfigMap")["data"]["config.yaml"])
+    return Config.from_dict(data)
+
+
+def test_configmap_config_loads_and_agrees_with_the_deployment() -> None:
+    config = _config()
+    configmap = one("ConfigMap")
+    assert configmap["metadata"]["name"] == "holdwarden-config"
+    assert config.mode == "kueue"
+    assert config.kueue_identities == (
+        "system:serviceaccount:kueue-system:kueue-controller-manager",
+    )
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    # The config file the server is told to read is the ConfigMap's config.yaml.
+    config_path = container["args"][container["args"].index("--config") + 1]
+    assert mounts["config"]["mountPath"] == config_path
+    assert mounts["config"]["subPath"] == "config.yaml"
+    assert volumes["config"]["configMap"]["name"] == "holdwarden-config"
+
+    # The certificate comes from the Secret, whole (no subPath: updates must arrive).
+    assert Path(mounts["tls"]["mountPath"]) == config.webhook.cert_dir
+    assert "subPath" not in mounts["tls"] and mounts["tls"]["readOnly"] is True
+    assert volumes["tls"]["secret"]["secretName"] == "holdwarden-webhook-tls"
+    assert volumes["tls"]["secret"]["defaultMode"] == 0o440
+
+    # The audit log is on a writable volume (the root filesystem is read-only).
+    assert Path(mounts["audit"]["mountPath"]) == config.webhook.audit_log.parent
+    assert "emptyDir" in volumes["audit"]
+
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["https"] == split_address(config.webhook.listen_address)[1] == 9443
+    assert ports["metrics"] == split_address(config.webhook.metrics_address)[1] == 9090
+
+
+def test_deployment_is_hardened_and_probed() -> None:
+    deployment = one("Deployment")
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert pod["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
+    assert container["args"] == ["serve", "--config", "/etc/holdwarden/config.yaml"]
+
+
+def test_service_pdb_and_rbac_point_at_the_right_things() -> None:
+    deployment = one("Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    service = one("Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+    assert ports == {"https": (443, "https"), "metrics": (9090, "metrics")}
+    pdb = one("PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["minAvailable"] == 1
+
+    role = one("ClusterRole")
+    granted = {(r["apiGroups"][0], r["resources"][0]): r["verbs"] for r in role["rules"]}
+    assert granted == {
+        (TRAINJOB.group, TRAINJOB.plural): ["get", "list", "watch"],
+        (WORKLOAD.group, WORKLOAD.plural): ["get", "list", "watch"],
+    }
+    binding = one("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = one("ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+
+
+def test_dockerfile_runs_the_manifests_command_as_non_root() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    assert stages and all(s.startswith("python:3.11-slim") for s in stages)
+    assert len(stages) >= 2  # multi-stage
+    assert re.search(r"^USER 65532:65532$", text, re.MULTILINE)
+    entrypoint = re.search(r"^ENTRYPOINT (.+)$", text, re.MULTILINE)
+    cmd = re.search(r"^CMD (.+)$", text, re.MULTILINE)
+    assert entrypoint and json.loads(entrypoint.group(1)) == ["holdwarden"]
+    assert (
+        cmd
+        and json.loads(cmd.group(1))
+        == one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 65532
+
+
+# -- the real apiserver ------------------------------------------------------------
+
+_PATHS = {
+    "Namespace": "/api/v1/namespaces",
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
+    "Service": "/api/v1/namespaces/{ns}/services",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "ValidatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    ),
+}
+
+
+def _post(
+    cluster: LocalCluster, api: k8s.ApiClient, path: str, body: dict[str, Any], query: str
+) -> tuple[int, bytes, list[str]]:
+    response = api.call_api(
+        "POST",
+        f"{cluster.server_url}{path}?{query}",
+        header_params={"Content-Type": "application/json", "Accept": "application/json"},
+        body=body,
+    )
+    data: bytes = response.read()  # type: ignore[no-untyped-call]
+    warning = response.headers.get("Warning", "")
+    warnings = [warning] if warning else []
+    return response.status, data, warnings
+
+
+@pytest.mark.controlplane
+def test_the_apiserver_accepts_every_object_strictly(
+    cluster: LocalCluster, admin_client: k8s.ApiClient
+) -> None:
+    """Server-side dry run with fieldValidation=Strict: unknown or duplicate fields, bad
+    values and restricted-Pod-Security violations (a warning on the Deployment) all fail.
+    """
+    namespace = one("Namespace")
+    status, data, _ = _post(cluster, admin_client, _PATHS["Namespace"], namespace, "")
+    if status == 409:  # another test made it already; give it our labels
+        k8s.CoreV1Api(admin_client).patch_namespace(
+            NAMESPACE, {"metadata": {"labels": namespace["metadata"]["labels"]}}
+        )
+    else:
+        assert status == 201, data
+    for name, doc in DOCS:
+        path = _PATHS[doc["kind"]].format(ns=doc["metadata"].get("namespace"))
+        try:
+            status, data, warnings = _post(
+                cluster, admin_client, path, doc, "dryRun=All&fieldValidation=Strict"
+            )
+        except ApiException as exc:
+            raise AssertionError(f"{name} {doc['kind']}: {exc.status} {exc.body}") from None
+        if status == 409 and doc["kind"] == "Namespace":
+            continue
+        assert status == 201, f"{name} {doc['kind']}: {status} {data[:1000]!r}"
+        assert warnings == [], f"{name} {doc['kind']}: {warnings}"
