@@ -1,0 +1,321 @@
+"""The test actors do what they claim, against the real control plane.
+
+The interleaving test's invariants are only as good as the actors that play Kueue and
+Trainer, so each claim of ``tests/actors.py`` is checked here on the real API server.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client as k8s
+
+from adapter.decisions import classify
+from adapter.types import Ref, State
+from holdwarden.localcluster import UNPRIVILEGED_USER, LocalCluster
+from holdwarden.vocabulary import (
+    JOB_UID_LABEL,
+    JOBSET_NAME_LABEL,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+)
+from tests.actors import (
+    DECIDED_ON_ANNOTATION,
+    HEARTBEAT_CONDITION,
+    ActorError,
+    KueueActor,
+    TrainerActor,
+    Watcher,
+    find_condition,
+)
+from tests.k8s_objects import trainjob_body
+
+T = TypeVar("T")
+ANN = Annotations()
+
+
+def eventually(probe: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def _custom(api: k8s.ApiClient) -> Any:
+    return k8s.CustomObjectsApi(api)
+
+
+def _tj(admin: k8s.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = _custom(admin).get_namespaced_custom_object(
+        TRAINJOB.group, TRAINJOB.version, ns, TRAINJOB.plural, name
+    )
+    return got
+
+
+def _wl(admin: k8s.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = _custom(admin).get_namespaced_custom_object(
+        WORKLOAD.group, WORKLOAD.version, ns, WORKLOAD.plural, name
+    )
+    return got
+
+
+def _create_tj(admin: k8s.ApiClient, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    created: dict[str, Any] = _custom(admin).create_namespaced_custom_object(
+        TRAINJOB.group, TRAINJOB.version, ns, TRAINJOB.plural, body
+    )
+    return created
+
+
+def _patch(admin: k8s.ApiClient, ns: str, res: Any, name: str, patch: dict[str, Any]) -> None:
+    _custom(admin).patch_namespaced_custom_object(
+        res.group, res.version, ns, res.plural, name, patch
+    )
+
+
+def _pods(admin: k8s.ApiClient, ns: str, name: str) -> list[Any]:
+    return list(
+        k8s.CoreV1Api(admin)
+        .list_namespaced_pod(ns, label_selector=f"{JOBSET_NAME_LABEL}={name}")
+        .items
+    )
+
+
+def test_kueue_actor_creates_the_workload_as_kueue_does(
+    cluster: LocalCluster, kueue_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    with KueueActor(kueue_client, namespace) as kueue:
+        queued = _create_tj(admin_client, namespace, trainjob_body("queued", queue="user-queue"))
+        _create_tj(admin_client, namespace, trainjob_body("plain", suspend=True))
+        workload = eventually(lambda: kueue.workload_of("queued"), what="a Workload appears")
+        uid = queued["metadata"]["uid"]
+        assert re.fullmatch(r"trainjob-queued-[0-9a-f]{5}", workload["metadata"]["name"])
+        assert workload["metadata"]["labels"][JOB_UID_LABEL] == uid
+        (owner,) = workload["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "TrainJob",
+            "queued",
+            uid,
+            True,
+        )
+        assert workload["spec"]["queueName"] == "user-queue"
+        # A TrainJob created running without an admitted Workload is suspended by Kueue.
+        eventually(lambda: _tj(admin_client, namespace, "queued")["spec"]["suspend"] is True)
+        time.sleep(0.3)
+        assert kueue.workload_of("plain") is None, "no Workload for a TrainJob without a queue"
+
+
+def test_kueue_actor_admits_only_through_the_gate_then_evicts_on_deactivation(
+    kueue_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    with KueueActor(kueue_client, namespace) as kueue:
+        _create_tj(admin_client, namespace, trainjob_body("job", queue="q", suspend=True))
+        wl_name = eventually(lambda: kueue.workload_of("job"))["metadata"]["name"]
+        time.sleep(0.4)
+        assert not _wl(admin_client, namespace, wl_name).get("status", {}).get("admission"), (
+            "the readmission gate keeps an unopened TrainJob out"
+        )
+        assert _tj(admin_client, namespace, "job")["spec"]["suspend"] is True
+
+        _patch(
+            admin_client,
+            namespace,
+            TRAINJOB,
+            "job",
+            {"metadata": {"annotations": {ANN.opened: "2026-01-01T00:00:00Z"}}},
+        )
+        eventually(lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is False)
+        admitted = _wl(admin_client, namespace, wl_name)
+        assignments = admitted["status"]["admission"]["podSetAssignments"]
+        assert len(assignments) == len(admitted["spec"]["podSets"])
+        assert find_condition(admitted, "QuotaReserved")["status"] == "True"  # type: ignore[index]
+        assert find_condition(admitted, "Admitted")["status"] == "True"  # type: ignore[index]
+
+        # Someone (not Kueue) deactivates: Kueue evicts with reason exactly "Deactivated".
+        _patch(admin_client, namespace, WORKLOAD, wl_name, {"spec": {"active": False}})
+        eventually(lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is True)
+
+        def unreserved() -> dict[str, Any] | None:
+            wl = _wl(admin_client, namespace, wl_name)
+            return wl if wl.get("status", {}).get("admission") is None else None
+
+        evicted = eventually(unreserved)
+        cond = find_condition(evicted, "Evicted")
+        assert cond is not None and (cond["status"], cond["reason"]) == ("True", "Deactivated")
+        assert find_condition(evicted, "QuotaReserved")["status"] == "False"  # type: ignore[index]
+        assert kueue.evictions >= 1 and kueue.admissions >= 1
+
+        # Reactivated: admitted again (gate open: opened, no hold, no pods), Evicted reset.
+        _patch(admin_client, namespace, WORKLOAD, wl_name, {"spec": {"active": True}})
+        eventually(lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is False)
+        cond = find_condition(_wl(admin_client, namespace, wl_name), "Evicted")
+        assert cond is not None and cond["status"] == "False"
+
+
+def test_kueue_actor_gate_waits_for_pods_and_holds(
+    kueue_client: k8s.ApiClient,
+    trainer_client: k8s.ApiClient,
+    admin_client: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    with (
+        KueueActor(kueue_client, namespace) as kueue,
+        TrainerActor(trainer_client, namespace, delete_delay=1.0),
+    ):
+        body = trainjob_body("job", queue="q", suspend=True)
+        body["metadata"]["annotations"] = {ANN.opened: "2026-01-01T00:00:00Z"}
+        _create_tj(admin_client, namespace, body)
+        wl_name = eventually(lambda: kueue.workload_of("job"))["metadata"]["name"]
+        eventually(lambda: len(_pods(admin_client, namespace, "job")) == 2, what="pods run")
+        # A hold as the adapter writes it: active=false and the hold annotation together.
+        _patch(
+            admin_client,
+            namespace,
+            WORKLOAD,
+            wl_name,
+            {"metadata": {"annotations": {ANN.hold_instance: "1"}}, "spec": {"active": False}},
+        )
+        eventually(lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is True)
+        # Lift only active (keep the annotation): the gate still refuses.
+        _patch(admin_client, namespace, WORKLOAD, wl_name, {"spec": {"active": True}})
+        time.sleep(0.5)
+        assert _tj(admin_client, namespace, "job")["spec"]["suspend"] is True
+        # Remove the annotation while pods of the held execution remain: still suspended.
+        _patch(
+            admin_client,
+            namespace,
+            WORKLOAD,
+            wl_name,
+            {"metadata": {"annotations": {ANN.hold_instance: None}}},
+        )
+        assert _pods(admin_client, namespace, "job"), "pods outlive the suspend for a while"
+        assert _tj(admin_client, namespace, "job")["spec"]["suspend"] is True
+        # Once Trainer has deleted them, the gate opens and the job runs again.
+        eventually(lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is False)
+
+
+def test_kueue_actor_own_deactivation_is_classified_as_kueue(
+    kueue_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    with KueueActor(kueue_client, namespace, readmission_gate=False) as kueue:
+        _create_tj(admin_client, namespace, trainjob_body("job", queue="q", suspend=True))
+        eventually(lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is False)
+        workload = kueue.deactivate("job")
+        assert workload is not None and workload["spec"]["active"] is False
+        wl_name = workload["metadata"]["name"]
+
+        def evicted() -> dict[str, Any] | None:
+            wl = _wl(admin_client, namespace, wl_name)
+            cond = find_condition(wl, "Evicted")
+            return wl if cond and cond["status"] == "True" else None
+
+        wl = eventually(evicted)
+        cond = find_condition(wl, "Evicted")
+        assert cond is not None
+        assert cond["reason"] == "DeactivatedDueToMaximumExecutionTimeExceeded"
+        eventually(lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is True)
+        observed = classify(
+            _tj(admin_client, namespace, "job"),
+            _wl(admin_client, namespace, wl_name),
+            mode="kueue",
+            annotations=ANN,
+            ref=Ref(namespace, "job"),
+        )
+        assert observed.state is State.DEACTIVATED_BY_KUEUE
+        assert observed.kueue_cause == "MaximumExecutionTimeExceeded"
+
+
+def test_kueue_actor_heartbeat_makes_conflicts_routine(
+    kueue_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    with KueueActor(kueue_client, namespace, heartbeat=0.2) as kueue:
+        _create_tj(admin_client, namespace, trainjob_body("job", queue="q", suspend=True))
+        wl_name = eventually(lambda: kueue.workload_of("job"))["metadata"]["name"]
+        first = _wl(admin_client, namespace, wl_name)
+        seen = {first["metadata"]["resourceVersion"]}
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            seen.add(_wl(admin_client, namespace, wl_name)["metadata"]["resourceVersion"])
+            time.sleep(0.05)
+        assert len(seen) >= 4, f"status writes every ~200 ms move resourceVersion: {seen}"
+        beat = find_condition(_wl(admin_client, namespace, wl_name), HEARTBEAT_CONDITION)
+        assert beat is not None and beat["message"].startswith("beat ")
+        # A write decided on the first read now meets a 409, as the adapter's will.
+        first["metadata"].setdefault("annotations", {})["x"] = "y"
+        with pytest.raises(k8s.ApiException) as raised:
+            _custom(admin_client).replace_namespaced_custom_object(
+                WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, wl_name, first
+            )
+        assert raised.value.status == 409
+
+
+def test_trainer_actor_pods_follow_suspend_with_delays(
+    trainer_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    with TrainerActor(trainer_client, namespace, create_delay=0.2, delete_delay=1.0) as trainer:
+        _create_tj(admin_client, namespace, trainjob_body("job", suspend=True))
+        time.sleep(0.5)
+        assert _pods(admin_client, namespace, "job") == [], "a suspended TrainJob has no pods"
+
+        _patch(admin_client, namespace, TRAINJOB, "job", {"spec": {"suspend": False}})
+        pods = eventually(lambda: _pods(admin_client, namespace, "job"), what="pods appear")
+        eventually(lambda: len(_pods(admin_client, namespace, "job")) == 2)
+        pods = _pods(admin_client, namespace, "job")
+        assert all(p.status.phase == "Pending" for p in pods)
+        assert all(DECIDED_ON_ANNOTATION in (p.metadata.annotations or {}) for p in pods)
+
+        _patch(admin_client, namespace, TRAINJOB, "job", {"spec": {"suspend": True}})
+        suspended_at = time.monotonic()
+        time.sleep(0.5)
+        assert len(_pods(admin_client, namespace, "job")) == 2, "pods remain for a while"
+        eventually(lambda: not _pods(admin_client, namespace, "job"), what="pods go away")
+        assert time.monotonic() - suspended_at >= 0.9
+        assert trainer.pods_created == 2 and trainer.pods_deleted == 2
+
+
+def test_watcher_sees_every_change_in_resource_version_order(
+    trainer_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    with (
+        Watcher(admin_client, namespace) as watcher,
+        TrainerActor(trainer_client, namespace, create_delay=0.0, delete_delay=0.0),
+    ):
+        _create_tj(admin_client, namespace, trainjob_body("job", suspend=True))
+        for suspend in (False, True, False, True):
+            _patch(admin_client, namespace, TRAINJOB, "job", {"spec": {"suspend": suspend}})
+            time.sleep(0.4)
+        eventually(lambda: not _pods(admin_client, namespace, "job"))
+        rv = int(_tj(admin_client, namespace, "job")["metadata"]["resourceVersion"])
+        watcher.wait_until_seen("trainjob", rv)
+        time.sleep(0.3)
+    events = watcher.events()
+    assert [e.rv for e in events] == sorted(e.rv for e in events)
+    suspends = [
+        e.obj["spec"].get("suspend")
+        for e in events
+        if e.kind == "trainjob" and e.type in ("ADDED", "MODIFIED")
+    ]
+    # Every spec change is there, in order (status heartbeats repeat the current value).
+    collapsed = [s for i, s in enumerate(suspends) if i == 0 or s != suspends[i - 1]]
+    assert collapsed == [True, False, True, False, True]
+    pod_events = [(e.type, e.name) for e in events if e.kind == "pod"]
+    assert sum(t == "ADDED" for t, _ in pod_events) == 4
+    assert sum(t == "DELETED" for t, _ in pod_events) == 4
+
+
+def test_actor_errors_are_raised_by_stop(cluster: LocalCluster, namespace: str) -> None:
+    with cluster.api_client(UNPRIVILEGED_USER) as api:
+        actor = TrainerActor(api, namespace, interval=0.05)
+        actor.start()
+        time.sleep(0.3)
+        with pytest.raises(ActorError, match="403"):
+            actor.stop()
