@@ -32,6 +32,7 @@ DEFAULT_CA_VALIDITY = timedelta(days=3650)
 DEFAULT_LEAF_VALIDITY = timedelta(days=365)
 DEFAULT_BACKDATE = timedelta(hours=1)
 DEFAULT_CA_COMMON_NAME = "holdwarden-ca"
+_MAX_COMMON_NAME = 64
 
 # RFC 1123 label, as Kubernetes requires of namespace names (service names are stricter).
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -83,8 +84,8 @@ def generate_ca(
     now: datetime | None = None,
 ) -> KeyPair:
     """A self-signed CA that may sign leaf certificates only (``pathlen:0``)."""
-    if not common_name:
-        raise ValueError("the CA common name must not be empty")
+    if not 0 < len(common_name) <= _MAX_COMMON_NAME:
+        raise ValueError(f"the CA common name must be 1 to {_MAX_COMMON_NAME} characters")
     start, end = _window(validity, backdate, now, "--ca-validity")
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -125,9 +126,12 @@ def generate_serving(
     ips = [_parse_ip(ip) for ip in ip_addresses]
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
     sans += [x509.IPAddress(ip) for ip in dict.fromkeys(ips)]
+    # X.509 caps a CommonName at 64 characters; clients match the SANs, the CN is only a
+    # label, so take the most specific service name that fits (``service`` always does).
+    common_name = next(n for n in reversed(names[:3]) if len(n) <= _MAX_COMMON_NAME)
     return _leaf(
         ca,
-        subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[2])]),
+        subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]),
         sans=sans,
         usage=ExtendedKeyUsageOID.SERVER_AUTH,
         validity=validity,
@@ -146,8 +150,11 @@ def generate_client(
     now: datetime | None = None,
 ) -> KeyPair:
     """A clientAuth certificate; Kubernetes reads CN as the user and each O as a group."""
-    if not common_name:
-        raise ValueError("a client certificate needs a common name (the user name)")
+    if not 0 < len(common_name) <= _MAX_COMMON_NAME:
+        raise ValueError(
+            f"a client certificate needs a common name (the user name), "
+            f"1 to {_MAX_COMMON_NAME} characters"
+        )
     attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
     attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
     return _leaf(

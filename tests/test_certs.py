@@ -105,6 +105,7 @@ def test_ca_validity_window(validity: timedelta, backdate: timedelta) -> None:
         ({"backdate": timedelta(seconds=-1)}, "backdate must not be negative"),
         ({"now": datetime(2026, 1, 1)}, "timezone-aware"),
         ({"common_name": ""}, "common name"),
+        ({"common_name": "c" * 65}, "common name must be 1 to 64"),
     ],
 )
 def test_ca_rejects_bad_arguments(kwargs: dict[str, object], message: str) -> None:
@@ -160,6 +161,29 @@ def test_serving_sans(
     for name in want_dns + want_ips:
         assert verifies(leaf, [CA.certificate], name, NOW)
     assert not verifies(leaf, [CA.certificate], "other.example.com", NOW)
+
+
+@pytest.mark.parametrize(
+    ("service", "namespace", "want_cn"),
+    [
+        ("hw", "ns", "hw.ns.svc"),
+        ("s" * 30, "n" * 29, "s" * 30 + "." + "n" * 29 + ".svc"),  # 64: fits
+        ("s" * 30, "n" * 30, "s" * 30 + "." + "n" * 30),  # .svc would make 65
+        ("s" * 63, "n" * 63, "s" * 63),
+    ],
+)
+def test_serving_common_name_is_the_longest_service_name_that_fits(
+    service: str, namespace: str, want_cn: str
+) -> None:
+    leaf = generate_serving(CA, service, namespace, now=NOW)
+    cn = leaf.certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    assert cn == want_cn
+    assert sans_of(leaf.certificate)[0] == [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+    ]
+    assert verifies(leaf, [CA.certificate], f"{service}.{namespace}.svc", NOW)
 
 
 def test_serving_usages_and_key_identifiers() -> None:
@@ -244,7 +268,12 @@ def test_serving_refuses_a_leaf_as_signer() -> None:
         generate_serving(leaf, "hw", "ns", now=NOW)
 
 
-_label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+# Short labels, and labels near the 63-character limit (from_regex rarely makes those).
+_label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True) | st.builds(
+    lambda head, n: (head * n)[:63],
+    st.sampled_from(["a", "x9", "k-8"]),
+    st.integers(20, 63),
+).filter(lambda s: not s.endswith("-"))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -258,6 +287,8 @@ def test_property_any_labels_give_exactly_the_three_service_names(
     assert ips == []
     leaf.certificate.verify_directly_issued_by(CA.certificate)
     assert verifies(leaf, [CA.certificate], f"{service}.{namespace}.svc", NOW)
+    cn = leaf.certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    assert cn in dns and len(cn) <= 64
     # The key written is the key certified.
     assert leaf.private_key.public_key() == leaf.certificate.public_key()
 
