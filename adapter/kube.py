@@ -238,6 +238,8 @@ class Adapter:
         """Place hold ``meta.instance`` (see the spec's conflict rules)."""
         deadline = self._deadline(meta)
         instance = self._instance(meta)
+        if not isinstance(reason, str) or len(reason) > decisions.MAX_REASON_LENGTH:
+            raise Invalid(f"reason must be text of at most {decisions.MAX_REASON_LENGTH} chars")
         self._require_hold(ref.namespace, deadline)
         what = f"hold {ref} instance {instance}"
         last_seen: str | None = None
