@@ -205,8 +205,10 @@ def mutate(path: list[str], value: Any) -> dict[str, Any]:
         (b"{not json", "not valid JSON"),
         (b"\xff\xfe\x00", "not valid JSON"),
         (b"", "not valid JSON"),
-        (b"[]", "JSON object"),
-        (b"null", "JSON object"),
+        (b"[]", "well-formed AdmissionReview: Expected `object`"),
+        (b"null", "well-formed AdmissionReview: Expected `object`"),
+        (mutate(["request"], "x"), "$.request"),
+        (mutate(["request", "resource", "group"], 1), "$.request.resource.group"),
         (mutate(["apiVersion"], "admission.k8s.io/v1beta1"), "apiVersion"),
         (mutate(["kind"], "Pod"), "kind"),
         (mutate(["request"], KeyError), "no request"),
@@ -217,7 +219,7 @@ def mutate(path: list[str], value: Any) -> dict[str, Any]:
         (mutate(["request", "userInfo", "groups"], "admins"), "groups"),
         (mutate(["request", "object"], "x"), "request.object"),
         (mutate(["request", "dryRun"], "yes"), "dryRun"),
-        (b"[" * 60_000, "not valid JSON"),
+        (b'{"x":' + b"[" * 30_000 + b"]" * 30_000 + b"}", "recursion depth"),
     ],
 )
 async def test_bad_reviews_get_a_clear_400(hook: Harness, body: Any, needle: str) -> None:

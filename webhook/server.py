@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import msgspec
 from aiohttp import web
 
 from holdwarden.config import Config, split_address
@@ -52,6 +53,7 @@ log = logging.getLogger("holdwarden.webhook")
 _KNOWN_RESOURCES = frozenset({TRAINJOB.plural, WORKLOAD.plural})
 _KNOWN_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 _JSON = "application/json"
+_ENCODE = msgspec.json.encode
 
 
 class TLSSource(Protocol):
@@ -160,9 +162,7 @@ class Enforcer:
 
     @staticmethod
     def _json(status: int, body: dict[str, Any]) -> web.Response:
-        return web.Response(
-            status=status, body=json.dumps(body, separators=(",", ":")).encode(), content_type=_JSON
-        )
+        return web.Response(status=status, body=_ENCODE(body), content_type=_JSON)
 
     def _bad(self, status: int, message: str, started: float) -> web.Response:
         log.warning(
