@@ -946,3 +946,70 @@ def test_unsupported_in_kueue_mode_without_workload_update(
     finally:
         api.close()
     assert hold_annotations(kc.workload(wl_name)) == {}
+
+
+def test_plain_hold_and_release_overtaken_by_newer_hold(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    other = make(cluster, supervisor_client, "plain")
+    late_hold = make(
+        cluster,
+        supervisor_client,
+        "plain",
+        before_request=interleave(lambda: other.hold(ref, meta(2), "newer")),
+    )
+    with pytest.raises(StaleHold):
+        late_hold.hold(ref, meta(1), "older")
+    late_release = make(
+        cluster,
+        supervisor_client,
+        "plain",
+        before_request=interleave(lambda: other.hold(ref, meta(3), "newest")),
+    )
+    with pytest.raises(StaleHold):
+        late_release.release(ref, meta(2))
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True
+    assert hold_annotations(tj)[A.hold_instance] == "3"
+
+
+def test_plain_routine_status_conflict_is_retried(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    trainer_client: k8s.ApiClient,
+    kc: Cluster,
+) -> None:
+    """Trainer's status writes bump the TrainJob's resourceVersion: Hold retries."""
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    trainer = k8s.CustomObjectsApi(trainer_client)
+
+    def trainer_writes_status() -> None:
+        tj = trainer.get_namespaced_custom_object(*kc.tj_args(), "job")
+        tj["status"] = {
+            "conditions": [
+                {
+                    "type": "Suspended",
+                    "status": "True",
+                    "reason": f"Suspended{uuid.uuid4().hex[:4]}",
+                    "message": "suspended",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ]
+        }
+        trainer.replace_namespaced_custom_object_status(*kc.tj_args(), "job", tj)
+
+    adapter = make(
+        cluster, supervisor_client, "plain", before_request=interleave(trainer_writes_status, 2)
+    )
+    adapter.hold(ref, meta(1), "r")
+    assert len(updates(adapter)) == 3
+    assert hold_annotations(kc.trainjob("job"))[A.hold_instance] == "1"
+
+
+def test_transport_retries_are_off(cluster: LocalCluster, supervisor_client: k8s.ApiClient) -> None:
+    """urllib3 would re-send a timed-out PUT on its own, after the deadline check."""
+    make(cluster, supervisor_client, "kueue")
+    assert supervisor_client.rest_client.pool_manager.connection_pool_kw["retries"] is False
