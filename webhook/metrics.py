@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -28,6 +29,7 @@ class Metrics:
     error; ``rule`` is the refusing rule id, or empty."""
 
     def __init__(self) -> None:
+        self._children: dict[tuple[str, str, str, str], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.reviews = Counter(
             "holdwarden_webhook_reviews_total",
@@ -69,7 +71,13 @@ class Metrics:
     def observe(
         self, resource: str, operation: str, decision: str, rule: str, seconds: float
     ) -> None:
-        self.reviews.labels(resource or "", operation or "", decision, rule).inc()
+        key = (resource, operation, decision, rule)
+        child = self._children.get(key)
+        if child is None:
+            # labels() validates and locks on every call; the label sets are few and
+            # bounded (the server maps unknown resources/operations to "other"), so cache.
+            child = self._children[key] = self.reviews.labels(*key)
+        child.inc()
         self.duration.observe(seconds)
 
     def exposition(self) -> bytes:
