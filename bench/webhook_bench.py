@@ -16,7 +16,10 @@ What it does, in one run:
          Target: >= 2000 reviews/s.
   3. The same against the framework floor: a minimal aiohttp app on the same TLS setup
      whose handler reads the body and always answers "allowed"; prints the ratios.
-  It prints achieved reviews/s, p50/p99 latency and the server's peak RSS (VmHWM).
+  It prints achieved reviews/s, p50/p99 latency, the server's peak RSS (VmHWM) and the
+  server's CPU time per review (utime+stime of the whole process from /proc, all threads):
+  1e6 / that is what one core can sustain, a figure that stays meaningful when other
+  processes compete for the machine.
 
 The review mix: TrainJob and Workload UPDATEs of 10-30 KB (managedFields, last-applied
 configuration, trainer env), about 10% of them refused (these also pay the audit fsync).
@@ -160,6 +163,23 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
         print(port, flush=True)
         await asyncio.Event().wait()
 
+    profile_to = os.environ.get("WEBHOOK_BENCH_PROFILE")
+    if not profile_to:
+        asyncio.run(main())
+        return
+    # Profiling aid: WEBHOOK_BENCH_PROFILE=path writes cProfile stats there on SIGTERM.
+    import cProfile
+    import signal
+
+    profiler = cProfile.Profile()
+
+    def dump(*_: object) -> None:
+        profiler.disable()
+        profiler.dump_stats(profile_to)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, dump)
+    profiler.enable()
     asyncio.run(main())
 
 
@@ -213,6 +233,11 @@ class Result:
     errors: int = 0
     elapsed: float = 0.0
     latencies: list[float] = field(default_factory=list)
+    server_cpu_s: float = 0.0
+
+    @property
+    def cpu_us_per_review(self) -> float:
+        return self.server_cpu_s / self.completed * 1e6 if self.completed else float("nan")
 
     @property
     def rate(self) -> float:
@@ -227,6 +252,10 @@ class Result:
             "p50_ms": round(percentile(lat, 0.5) * 1000, 3),
             "p99_ms": round(percentile(lat, 0.99) * 1000, 3),
             "completed": self.completed,
+            "server_cpu_us_per_review": round(self.cpu_us_per_review, 1),
+            "one_core_capacity_per_s": round(1e6 / self.cpu_us_per_review, 1)
+            if self.server_cpu_s
+            else None,
             "wrong_verdicts": self.wrong,
             "errors": self.errors,
         }
@@ -317,6 +346,13 @@ async def closed_loop(
     return result
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -356,8 +392,15 @@ async def drive(
     floor = role == "floor"
     try:
         await open_loop(port, context, requests, 200, 1.0, floor)  # warm-up
-        results = [await open_loop(port, context, requests, r, duration, floor) for r in rates]
-        results.append(await closed_loop(port, context, requests, duration, floor))
+        results = []
+        for rate in [*rates, None]:
+            before = cpu_seconds(proc.pid)
+            if rate is None:
+                result = await closed_loop(port, context, requests, duration, floor)
+            else:
+                result = await open_loop(port, context, requests, rate, duration, floor)
+            result.server_cpu_s = cpu_seconds(proc.pid) - before
+            results.append(result)
         rss = peak_rss_mb(proc.pid)
     finally:
         proc.kill()
@@ -420,6 +463,9 @@ def main() -> None:
             "throughput_x": round(e["achieved_per_s"] / f["achieved_per_s"], 2)
             if f["achieved_per_s"]
             else None,
+            "cpu_per_review_x": round(
+                e["server_cpu_us_per_review"] / f["server_cpu_us_per_review"], 2
+            ),
         }
         for e, f in zip(enforcer, floor, strict=True)
     ]
@@ -442,7 +488,7 @@ def print_report(report: dict[str, Any]) -> None:
     )
     header = (
         f"{'run':<22}{'offered/s':>10}{'achieved/s':>12}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'errors':>8}{'wrong':>7}"
+        f"{'errors':>8}{'wrong':>7}{'cpu us/rev':>12}{'1-core cap/s':>14}"
     )
     for role in ("enforcer", "floor"):
         run = report["runs"][role]
@@ -453,11 +499,13 @@ def print_report(report: dict[str, Any]) -> None:
             print(
                 f"{r['run']:<22}{offered:>10}{r['achieved_per_s']:>12.1f}{r['p50_ms']:>9.2f}"
                 f"{r['p99_ms']:>9.2f}{r['errors']:>8}{r['wrong_verdicts']:>7}"
+                f"{r['server_cpu_us_per_review']:>12.1f}{r['one_core_capacity_per_s'] or 0:>14.0f}"
             )
     print("\nenforcer / floor")
     for r in report["ratios"]:
         print(
-            f"{r['run']:<12} p50 x{r['p50_x']}  p99 x{r['p99_x']}  throughput x{r['throughput_x']}"
+            f"{r['run']:<12} p50 x{r['p50_x']}  p99 x{r['p99_x']}  "
+            f"throughput x{r['throughput_x']}  server CPU/review x{r['cpu_per_review_x']}"
         )
     print(f"\naudit lines written (refusals, fsynced): {report['audit_lines']}")
     print("targets: decision p50 <= 100 us; >= 2000 reviews/s on one core; p99 <= 10 ms at 1000/s")
