@@ -58,6 +58,8 @@ RESOURCE_FLAVOR = "default-flavor"
 HEARTBEAT_CONDITION = "TestActorHeartbeat"
 DECIDED_ON_ANNOTATION = "test.holdwarden.io/decided-on-rv"
 """On each pod the TrainerActor creates: the TrainJob resourceVersion it decided on."""
+DECIDED_ON_WORKLOAD_ANNOTATION = "test.holdwarden.io/unsuspend-decided-on-workload-rv"
+"""Written by the KueueActor with each unsuspend: the Workload resourceVersion it read."""
 MAX_WRITE_TRIES = 50
 
 
@@ -472,7 +474,7 @@ class KueueActor(_Actor):
             return
         if self._admitted(workload):
             if is_suspended(trainjob):
-                self._set_suspend(tj_name, False)
+                self._unsuspend(tj_name, wl_name)
             return
         if not is_suspended(trainjob):
             # Running without an admitted Workload: Kueue stops it.
@@ -480,7 +482,7 @@ class KueueActor(_Actor):
             return
         if self._gate_open(trainjob, workload):
             self._admit(workload)
-            self._set_suspend(tj_name, False)
+            self._unsuspend(tj_name, wl_name)
 
     def _admit(self, workload: Obj) -> None:
         def admit(obj: Obj) -> bool:
@@ -547,6 +549,24 @@ class KueueActor(_Actor):
             return True
 
         self.io.update(WORKLOAD, wl_name, unreserve, status=True)
+
+    def _unsuspend(self, trainjob_name: str, wl_name: str) -> None:
+        """Run the job of an admitted, active Workload (read again just before), noting on
+        the TrainJob which Workload resourceVersion the decision was made on."""
+        workload = self.io.get(WORKLOAD, wl_name)
+        if workload is None or not is_active(workload) or not self._admitted(workload):
+            return
+        decided_on = workload["metadata"]["resourceVersion"]
+
+        def mutate(obj: Obj) -> bool:
+            if not is_suspended(obj):
+                return False
+            obj["spec"]["suspend"] = False
+            meta = obj["metadata"]
+            meta.setdefault("annotations", {})[DECIDED_ON_WORKLOAD_ANNOTATION] = decided_on
+            return True
+
+        self.io.update(TRAINJOB, trainjob_name, mutate)
 
     def _set_suspend(self, trainjob_name: str, suspend: bool) -> None:
         def mutate(obj: Obj) -> bool:

@@ -1,0 +1,856 @@
+"""Randomized interleavings of Hold, Release and Open, checked on every committed state.
+
+A seeded scheduler plans each schedule: which adapter instance (two per schedule, "old"
+and "new" supervisor processes sharing one clock) sends which call with which hold
+instance, when, with what delays before its read, before its write (the adapter's
+``before_request`` hook, i.e. before the deadline check), or on the wire (the HTTP layer,
+after the deadline check), and which calls straggle (block until the schedule moves on).
+Other writers run all the time: ``KueueActor`` (Kueue mode) and ``TrainerActor`` write
+status every ~150 ms and act on the objects as their controllers do.
+
+Each schedule runs in epochs: epoch n issues Hold(n), Release(n) and Open calls. Two kinds:
+
+- *disciplined*: the supervisor's rule from the spec ("places a new hold instance only
+  after every earlier call has landed or expired at its deadline plus that bound"): at
+  each epoch change the shared clock jumps past every earlier deadline + ``call_bound``,
+  stragglers are let go and awaited. Only the deadline stops them.
+- *overlapping*: stragglers carry deadlines that are still valid and are let go at random
+  moments of the next epoch, so old calls really race newer ones and only the
+  resourceVersion precondition stops them.
+
+A ``Watcher`` records every committed change of the TrainJob, its Workload and its pods;
+every write an adapter sent is attributed to its call from the HTTP response's
+resourceVersion. On every schedule, over every committed state, these must hold:
+
+(a) a newer hold is never undone by an older call: no write by a call of instance m while
+    an instance > m is in force; in disciplined schedules also: once instance n has been
+    in force, no lower instance is ever in force again;
+(b) a held object is never running: held ⇒ Workload ``active=false`` (Kueue mode) /
+    TrainJob ``suspend=true`` (plain mode); no unsuspend of a held TrainJob; no pod created
+    by a decision Trainer made on a held TrainJob;
+(c) never two executions: no unsuspend while a pod of the previous execution remains.
+
+Plus: every call ends in an outcome the spec allows; a straggler let go after its deadline
+sends nothing; at the end, a held TrainJob is suspended with no pods.
+
+Seeds: ``HOLDWARDEN_INTERLEAVING_SEED`` (default 20261202) and
+``HOLDWARDEN_INTERLEAVING_SCHEDULES`` (per mode). Thread timing is not deterministic; the
+seed fixes the plan (calls, instances, delays, stragglers), and failures print it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from adapter import Adapter, CallMeta, Config, Ref
+from adapter.errors import AdapterError, Conflict, NotFound, PodsRemain, Rejected, StaleHold
+from adapter.kube import Request
+from holdwarden.localcluster import (
+    KUEUE_IDENTITY,
+    SUPERVISOR_IDENTITY,
+    TRAINER_IDENTITY,
+    LocalCluster,
+)
+from holdwarden.vocabulary import (
+    JOBSET_NAME_LABEL,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+    parse_hold_instance,
+)
+from tests.actors import (
+    DECIDED_ON_ANNOTATION,
+    DECIDED_ON_WORKLOAD_ANNOTATION,
+    KueueActor,
+    TrainerActor,
+    Watcher,
+    WatchEvent,
+    controller_uid,
+    is_active,
+    is_suspended,
+)
+from tests.k8s_objects import trainjob_body
+
+Obj = dict[str, Any]
+ANN = Annotations()
+SEED = int(os.environ.get("HOLDWARDEN_INTERLEAVING_SEED", "20261202"))
+SCHEDULES = int(os.environ.get("HOLDWARDEN_INTERLEAVING_SCHEDULES", "30"))
+PARALLEL = 3  # schedules run at once (each on its own TrainJob, adapters and clock)
+
+_local = threading.local()
+
+
+# ---- the clock and the calls -------------------------------------------------------------
+
+
+class SharedClock:
+    """Wall time plus an offset the supervisor moves forward (never back)."""
+
+    def __init__(self) -> None:
+        self._offset = timedelta(0)
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return datetime.now(UTC) + self._offset
+
+    def advance_past(self, instant: datetime) -> None:
+        with self._lock:
+            gap = instant - (datetime.now(UTC) + self._offset)
+            if gap > timedelta(0):
+                self._offset += gap + timedelta(milliseconds=1)
+
+
+@dataclass
+class Call:
+    """One planned adapter call and what became of it."""
+
+    id: int
+    op: str  # hold | release | open
+    instance: int | None
+    epoch: int
+    adapter: int
+    offset: float  # seconds after the epoch starts
+    lifetime: float  # deadline = issue time + lifetime (virtual seconds)
+    delays: dict[str, float] = field(default_factory=dict)  # verb -> sleep before it
+    wire_delay: float = 0.0  # sleep on the wire before a PUT (after the deadline check)
+    block_at: str | None = None  # straggler: verb at which it blocks until let go
+    deadline: datetime | None = None
+    outcome: str = "not run"
+    detail: str = ""
+    released: threading.Event = field(default_factory=threading.Event)
+    let_go_at: float | None = None  # monotonic time it was let go (stragglers)
+    let_go_after_deadline: bool = False
+    blocked: bool = False
+    blocked_when_let_go: bool = False
+    sent_after_let_go: list[str] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def label(self) -> str:
+        inst = "" if self.instance is None else f"({self.instance})"
+        straggle = f" straggles@{self.block_at}" if self.block_at else ""
+        return f"#{self.id} a{self.adapter} {self.op}{inst} e{self.epoch}{straggle}"
+
+
+@dataclass
+class Write:
+    call: Call | None
+    method: str
+    url: str
+    status: int
+    rv: int | None
+
+
+class Recorder:
+    """What every adapter sent, at the HTTP layer (below the adapter's own counting)."""
+
+    def __init__(self) -> None:
+        self.writes: list[Write] = []
+        self.requests: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+
+class RecordingPool:
+    """Wraps a urllib3 PoolManager: counts requests, delays PUTs on the wire for the call
+    that asks it, and records each write's response resourceVersion."""
+
+    def __init__(self, inner: Any, recorder: Recorder) -> None:
+        self._inner = inner
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        call: Call | None = getattr(_local, "call", None)
+        if call is not None and call.blocked_when_let_go:
+            call.sent_after_let_go.append(f"{method} {url}")
+        if call is not None and method == "PUT" and call.wire_delay:
+            time.sleep(call.wire_delay)
+        response = self._inner.request(method, url, *args, **kwargs)
+        with self._recorder.lock:
+            self._recorder.requests[method] += 1
+            if response.status == 409:
+                self._recorder.requests["409"] += 1
+        if method in ("PUT", "POST") and "dryRun" not in url:
+            rv: int | None = None
+            try:
+                body = json.loads(response.data)
+                rv = int(body["metadata"]["resourceVersion"])
+            except (ValueError, KeyError, TypeError):
+                rv = None
+            with self._recorder.lock:
+                self._recorder.writes.append(Write(call, method, url, response.status, rv))
+        return response
+
+
+def _before_request(req: Request) -> None:
+    """The adapter's hook: runs before its deadline check of every request."""
+    call: Call | None = getattr(_local, "call", None)
+    if call is None:
+        return
+    if call.block_at == req.verb and not call.blocked:
+        call.blocked = True
+        if not call.released.wait(timeout=60):
+            raise AssertionError(f"{call.label()} was never let go")
+    delay = call.delays.pop(req.verb, 0.0)
+    if delay:
+        time.sleep(delay)
+
+
+# ---- planning ----------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    seed: int
+    mode: str
+    disciplined: bool
+    epochs: int
+    calls: list[Call]
+    pauses: list[float]
+
+    def describe(self) -> str:
+        kind = "disciplined" if self.disciplined else "overlapping"
+        lines = [f"seed {self.seed} ({self.mode}, {kind}, {self.epochs} epochs)"]
+        for c in self.calls:
+            extras = []
+            if c.delays:
+                extras.append(f"delays={c.delays}")
+            if c.wire_delay:
+                extras.append(f"wire={c.wire_delay:.3f}")
+            lines.append(
+                f"  {c.label()} at +{c.offset:.2f}s life {c.lifetime:.1f}s"
+                f" {' '.join(extras)} -> {c.outcome} {c.detail[:160]}"
+            )
+        return "\n".join(lines)
+
+
+def make_plan(seed: int, mode: str) -> Plan:
+    rng = random.Random(seed)
+    disciplined = rng.random() < 0.5
+    epochs = rng.randint(2, 4)
+    calls: list[Call] = []
+
+    def add(op: str, instance: int | None, epoch: int, offset: float) -> None:
+        call = Call(
+            id=len(calls),
+            op=op,
+            instance=instance,
+            epoch=epoch,
+            adapter=rng.randrange(2),
+            offset=offset,
+            lifetime=rng.uniform(1.5, 3.0),
+        )
+        if rng.random() < 0.35:
+            call.delays["update"] = rng.uniform(0.0, 0.25)  # between read and write
+        if rng.random() < 0.2:
+            call.delays["get"] = rng.uniform(0.0, 0.2)
+        if rng.random() < 0.15:
+            call.wire_delay = rng.uniform(0.0, 0.15)
+        if op != "open" and epoch < epochs and rng.random() < 0.4:
+            call.block_at = rng.choice(["get", "update"])
+            if not disciplined:
+                call.lifetime = 30.0  # still valid when let go in the next epoch
+        calls.append(call)
+
+    for epoch in range(1, epochs + 1):
+        for _ in range(rng.choice([1, 1, 2])):
+            add("hold", epoch, epoch, rng.uniform(0.0, 0.3))
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            add("release", epoch, epoch, rng.uniform(0.0, 0.8))
+        if rng.random() < (0.8 if epoch == 1 else 0.3):
+            add("open", None, epoch, rng.uniform(0.0, 0.6))
+    pauses = [rng.uniform(0.0, 0.5) for _ in range(epochs)]
+    return Plan(seed, mode, disciplined, epochs, calls, pauses)
+
+
+# ---- running one schedule ----------------------------------------------------------------
+
+
+class Schedule:
+    def __init__(
+        self,
+        plan: Plan,
+        cluster: LocalCluster,
+        namespace: str,
+        recorder: Recorder,
+        admin: k8s.ApiClient,
+    ) -> None:
+        self.plan = plan
+        self.namespace = namespace
+        self.name = f"j{plan.seed % 10_000_000}"
+        self.ref = Ref(namespace, self.name)
+        self.recorder = recorder
+        self.admin = admin
+        self.clock = SharedClock()
+        self.config = Config(mode=plan.mode)  # type: ignore[arg-type]
+        self.clients = [cluster.api_client(SUPERVISOR_IDENTITY) for _ in range(2)]
+        for api in self.clients:
+            rest: Any = api.rest_client
+            rest.pool_manager = RecordingPool(rest.pool_manager, recorder)
+        self.adapters = [
+            Adapter(self.config, api, clock=self.clock.now, before_request=_before_request)
+            for api in self.clients
+        ]
+        self.start_rv = 0
+
+    def close(self) -> None:
+        for api in self.clients:
+            api.close()  # type: ignore[no-untyped-call]
+
+    def meta(self, call: Call) -> CallMeta:
+        call.deadline = self.clock.now() + timedelta(seconds=call.lifetime)
+        return CallMeta(deadline=call.deadline, instance=call.instance)
+
+    def run_call(self, call: Call) -> None:
+        _local.call = call
+        adapter = self.adapters[call.adapter]
+        try:
+            meta = self.meta(call)
+            if call.op == "hold":
+                adapter.hold(self.ref, meta, f"schedule {self.plan.seed} call {call.id}")
+            elif call.op == "open":
+                adapter.open(self.ref, meta)
+            else:
+                self._release(adapter, meta)
+            call.outcome = "ok"
+        except StaleHold as exc:
+            call.outcome, call.detail = "stale", str(exc)
+        except PodsRemain as exc:
+            call.outcome, call.detail = "pods-remain", str(exc)
+        except NotFound as exc:
+            call.outcome, call.detail = "error", f"NotFound: {exc}"
+        except Rejected as exc:
+            call.outcome, call.detail = "rejected", str(exc)
+        except Conflict as exc:
+            call.outcome, call.detail = "conflict", str(exc)
+        except AdapterError as exc:
+            call.outcome, call.detail = "error", f"{type(exc).__name__}: {exc}"
+        except Exception:
+            call.outcome, call.detail = "error", traceback.format_exc()
+        finally:
+            _local.call = None
+
+    def _release(self, adapter: Adapter, meta: CallMeta) -> None:
+        """The supervisor's Release: PodsRemain means "try again shortly"."""
+        assert meta.deadline is not None
+        while True:
+            try:
+                adapter.release(self.ref, meta)
+                return
+            except PodsRemain:
+                if self.clock.now() + timedelta(seconds=0.1) >= meta.deadline:
+                    raise
+                time.sleep(0.1)
+
+    def launch(self, call: Call) -> None:
+        def body() -> None:
+            time.sleep(call.offset)
+            self.run_call(call)
+
+        call.thread = threading.Thread(target=body, name=call.label(), daemon=True)
+        call.thread.start()
+
+    def let_go(self, call: Call) -> None:
+        assert call.deadline is not None or not call.blocked
+        call.blocked_when_let_go = call.blocked
+        call.let_go_at = time.monotonic()
+        call.let_go_after_deadline = call.deadline is not None and self.clock.now() >= call.deadline
+        call.released.set()
+
+    def run(self) -> None:
+        plan = self.plan
+        body = trainjob_body(self.name, queue="user-queue" if plan.mode == "kueue" else None)
+        body["metadata"]["namespace"] = self.namespace
+        if plan.mode == "kueue":
+            body["spec"]["suspend"] = True  # as Kueue's webhook would set it
+        start_meta = CallMeta(deadline=self.clock.now() + timedelta(seconds=20))
+        self.adapters[0].start(body, start_meta)
+        for adapter in self.adapters:
+            adapter.preflight(self.namespace)
+        stragglers: list[Call] = []
+        for epoch in range(1, plan.epochs + 1):
+            earlier = [c for c in plan.calls if c.epoch < epoch]
+            if epoch > 1:
+                self._change_epoch(earlier, stragglers)
+            now_calls = [c for c in plan.calls if c.epoch == epoch]
+            for call in now_calls:
+                self.launch(call)
+            for call in now_calls:
+                if call.block_at is None:
+                    assert call.thread is not None
+                    call.thread.join(timeout=60)
+            stragglers = [c for c in now_calls if c.block_at is not None]
+            time.sleep(plan.pauses[epoch - 1])
+        for call in plan.calls:
+            if not call.released.is_set():
+                self.let_go(call)
+        for call in plan.calls:
+            if call.thread is not None:
+                call.thread.join(timeout=60)
+
+    def _change_epoch(self, earlier: list[Call], stragglers: list[Call]) -> None:
+        if self.plan.disciplined:
+            # Every earlier call has landed or expired at its deadline plus call_bound.
+            for call in earlier:  # a call not issued yet has no deadline to wait out
+                assert call.thread is not None
+                while call.deadline is None and call.thread.is_alive():
+                    time.sleep(0.005)
+            bound = self.adapters[0].call_bound
+            latest = max((c.deadline for c in earlier if c.deadline is not None), default=None)
+            if latest is not None:
+                self.clock.advance_past(latest + bound)
+            for call in stragglers:
+                self.let_go(call)
+            for call in earlier:
+                assert call.thread is not None
+                call.thread.join(timeout=60)
+        else:
+            rng = random.Random(self.plan.seed * 7919 + len(earlier))
+            for call in stragglers:
+                timer = threading.Timer(rng.uniform(0.0, 0.6), self.let_go, args=(call,))
+                timer.daemon = True
+                timer.start()
+
+
+# ---- the invariants ----------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    violations: list[str] = field(default_factory=list)
+    pod_races: int = 0  # pods Trainer created on a read made before a hold landed
+    kueue_races: int = 0  # unsuspends Kueue decided on a read made before a hold landed
+    states: int = 0
+
+
+def check_schedule(plan: Plan, name: str, events: list[WatchEvent], writes: list[Write]) -> Verdict:
+    """Check (a), (b), (c) over every committed state of this schedule's objects."""
+    verdict = Verdict()
+    writer: dict[int, Call | None] = {}
+    for w in writes:
+        if w.rv is not None and 200 <= w.status < 300:
+            writer[w.rv] = w.call
+    kueue = plan.mode == "kueue"
+    tj_uid: str | None = None
+    wl_name: str | None = None
+    tj: Obj | None = None
+    wl: Obj | None = None
+    pods: dict[str, tuple[int, int]] = {}  # name -> (created rv, decided-on rv)
+    in_force: int | None = None
+    held_since = 0  # rv at which the current unbroken hold (any instance) began
+    max_in_force = 0
+
+    def fail(event: WatchEvent, text: str) -> None:
+        who = writer.get(event.rv)
+        by = (
+            who.label()
+            if who is not None
+            else ("adapter(start)" if event.rv in writer else "other")
+        )
+        verdict.violations.append(f"rv {event.rv} {event.kind}/{event.name} by {by}: {text}")
+
+    for event in events:
+        obj = event.obj
+        meta = obj["metadata"]
+        if event.kind == "trainjob":
+            if meta["name"] != name:
+                continue
+        elif event.kind == "workload":
+            if wl_name is None and tj_uid is not None and controller_uid(obj) == tj_uid:
+                wl_name = meta["name"]
+            if meta["name"] != wl_name:
+                continue
+        elif (meta.get("labels") or {}).get(JOBSET_NAME_LABEL) != name:
+            continue
+        verdict.states += 1
+        deleted = event.type == "DELETED"
+
+        if event.kind == "pod":
+            if deleted:
+                pods.pop(meta["name"], None)
+                continue
+            if meta["name"] in pods:
+                continue
+            decided = int((meta.get("annotations") or {}).get(DECIDED_ON_ANNOTATION, "0"))
+            pods[meta["name"]] = (event.rv, decided)
+            held_tj = tj is not None and (not kueue) and in_force is not None
+            if held_tj or (tj is not None and is_suspended(tj)):
+                if held_tj and decided >= held_since:
+                    fail(event, f"pod created on a decision made while held (rv {decided})")
+                else:
+                    verdict.pod_races += 1
+            continue
+
+        if event.kind == "trainjob":
+            if deleted:
+                tj = None
+                continue
+            tj_uid = meta["uid"]
+            before = tj
+            tj = obj
+            was_suspended = before is None or is_suspended(before)
+            if was_suspended and not is_suspended(obj):
+                if pods:
+                    fail(
+                        event,
+                        f"(c) unsuspended while pods of the previous execution remain: "
+                        f"{sorted(pods)}",
+                    )
+                if kueue and in_force is not None:
+                    ann = meta.get("annotations") or {}
+                    decided = int(ann.get(DECIDED_ON_WORKLOAD_ANNOTATION, "0"))
+                    if decided >= held_since:
+                        fail(event, f"(b) unsuspended on a read of held Workload (rv {decided})")
+                    else:
+                        verdict.kueue_races += 1
+                if not kueue and _hold(obj) is not None:
+                    fail(event, f"(b) unsuspended while hold {_hold(obj)} is in force")
+        if event.kind == "workload":
+            if deleted:
+                continue
+            wl = obj
+
+        held_obj = wl if kueue else tj
+        if held_obj is None or event.kind != ("workload" if kueue else "trainjob"):
+            continue
+        raw = _hold(held_obj)
+        new = parse_hold_instance(raw) if raw is not None else None
+        if raw is not None and new is None:
+            fail(event, f"malformed hold instance {raw!r}")
+        call = writer.get(event.rv)
+        # (a) weak: no write by an older call while a newer instance is in force.
+        if in_force is not None and call is not None:
+            if call.op == "open" and (new != in_force or not _hold_field(held_obj, kueue)):
+                fail(event, f"(a) Open changed hold {in_force} (now {new})")
+            if call.instance is not None and call.instance < in_force:
+                fail(event, f"(a) call of instance {call.instance} wrote while {in_force} held")
+        if new != in_force and (call is None or call.op == "open"):
+            fail(event, f"hold instance changed {in_force} -> {new} by a non-hold writer")
+        # (a) strong, under the supervisor's discipline.
+        if plan.disciplined and new is not None and new < max_in_force:
+            fail(event, f"(a) instance {new} in force after instance {max_in_force} was")
+        # (b) held => the hold field is set.
+        if new is not None and not _hold_field(held_obj, kueue):
+            field_ = "spec.active=false" if kueue else "spec.suspend=true"
+            fail(event, f"(b) hold {new} in force without {field_}")
+        if in_force is None and new is not None:
+            held_since = event.rv
+        in_force = new
+        max_in_force = max(max_in_force, new or 0)
+    return verdict
+
+
+def _hold(obj: Obj) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN.hold_instance)
+    return None if value is None else str(value)
+
+
+def _hold_field(obj: Obj, kueue: bool) -> bool:
+    return not is_active(obj) if kueue else is_suspended(obj)
+
+
+def check_outcomes(plan: Plan) -> list[str]:
+    """Every call ends as the spec allows; a straggler let go late sends nothing."""
+    problems = []
+    allowed = {"ok", "stale", "rejected", "conflict"}
+    if plan.mode == "plain":
+        allowed.add("pods-remain")
+    for call in plan.calls:
+        if call.outcome not in allowed:
+            problems.append(f"{call.label()}: outcome {call.outcome}: {call.detail}")
+        if call.blocked_when_let_go and call.let_go_after_deadline:
+            if call.sent_after_let_go:
+                problems.append(
+                    f"{call.label()}: let go after its deadline yet sent {call.sent_after_let_go}"
+                )
+            if call.outcome != "rejected":
+                problems.append(f"{call.label()}: let go after its deadline but {call.outcome}")
+    return problems
+
+
+# ---- the test ----------------------------------------------------------------------------
+
+
+@dataclass
+class Totals:
+    schedules: int = 0
+    disciplined: int = 0
+    states: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    pod_races: int = 0
+    kueue_races: int = 0
+    stragglers_refused_by_deadline: int = 0
+
+
+def _custom(api: k8s.ApiClient) -> Any:
+    return k8s.CustomObjectsApi(api)
+
+
+def _settle(schedule: Schedule, kueue_actor: KueueActor | None, watcher: Watcher) -> list[str]:
+    """Let the controllers finish, then check the final state; fence the watch."""
+    admin, ns, name = schedule.admin, schedule.namespace, schedule.name
+    custom = _custom(admin)
+    core = k8s.CoreV1Api(admin)
+    kueue = schedule.plan.mode == "kueue"
+    problems: list[str] = []
+    deadline = time.monotonic() + 8
+    while True:
+        tj = custom.get_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, ns, TRAINJOB.plural, name
+        )
+        held_obj = tj
+        wl = None
+        if kueue:
+            assert kueue_actor is not None
+            wl = kueue_actor.workload_of(name)
+            held_obj = wl
+        pods = core.list_namespaced_pod(ns, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+        held = held_obj is not None and _hold(held_obj) is not None
+        settled = (is_suspended(tj) and not pods) if held else True
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if held and not settled:
+        problems.append(f"final: held but suspend={is_suspended(tj)} and {len(pods)} pods")
+    opened = bool((tj["metadata"].get("annotations") or {}).get(ANN.opened))
+    if not kueue and not held and opened and is_suspended(tj):
+        problems.append("final: plain, opened, not held, yet suspended (release lost the run)")
+    # Fence: a pod created and deleted now is later than every earlier pod event.
+    fence = core.create_namespaced_pod(
+        ns,
+        k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(generate_name="fence-"),
+            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
+        ),
+    )
+    fence_meta: Any = fence.metadata
+    core.delete_namespaced_pod(fence_meta.name, ns)
+    watcher.wait_until_seen("pod", int(fence_meta.resource_version))
+    watcher.wait_until_seen("trainjob", int(tj["metadata"]["resourceVersion"]))
+    if wl is not None:
+        watcher.wait_until_seen("workload", int(wl["metadata"]["resourceVersion"]))
+    return problems
+
+
+def _cleanup(schedule: Schedule, kueue_actor: KueueActor | None) -> None:
+    custom = _custom(schedule.admin)
+    ns, name = schedule.namespace, schedule.name
+    if kueue_actor is not None:
+        wl = kueue_actor.workload_of(name)
+        if wl is not None:
+            custom.delete_namespaced_custom_object(
+                WORKLOAD.group, WORKLOAD.version, ns, WORKLOAD.plural, wl["metadata"]["name"]
+            )
+    custom.delete_namespaced_custom_object(
+        TRAINJOB.group, TRAINJOB.version, ns, TRAINJOB.plural, name
+    )
+
+
+@pytest.fixture
+def actors(
+    request: pytest.FixtureRequest, cluster: LocalCluster, namespace: str
+) -> Iterator[tuple[KueueActor | None, Watcher]]:
+    mode: str = request.param
+    with cluster.api_client() as admin, Watcher(admin, namespace) as watcher:
+        with (
+            cluster.api_client(TRAINER_IDENTITY) as trainer_api,
+            TrainerActor(
+                trainer_api,
+                namespace,
+                create_delay=0.05,
+                delete_delay=0.3,
+                status_heartbeat=0.15,
+            ),
+        ):
+            if mode == "kueue":
+                with (
+                    cluster.api_client(KUEUE_IDENTITY) as kueue_api,
+                    KueueActor(kueue_api, namespace, heartbeat=0.15) as kueue_actor,
+                ):
+                    yield kueue_actor, watcher
+            else:
+                yield None, watcher
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("actors", ["kueue", "plain"], indirect=True)
+def test_interleavings_keep_the_hold_invariants(
+    actors: tuple[KueueActor | None, Watcher],
+    cluster: LocalCluster,
+    admin_client: k8s.ApiClient,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    kueue_actor, watcher = actors
+    mode = "kueue" if kueue_actor is not None else "plain"
+    recorder = Recorder()
+    totals = Totals()
+    failures: list[str] = []
+    lock = threading.Lock()
+    base = SEED + (0 if mode == "kueue" else 1_000_000)
+    began = time.monotonic()
+
+    def one(index: int) -> None:
+        plan = make_plan(base + index, mode)
+        schedule = Schedule(plan, cluster, namespace, recorder, admin_client)
+        try:
+            schedule.run()
+            problems = _settle(schedule, kueue_actor, watcher)
+            with recorder.lock:
+                writes = list(recorder.writes)
+            verdict = check_schedule(plan, schedule.name, watcher.events(), writes)
+            problems += verdict.violations + check_outcomes(plan)
+            _cleanup(schedule, kueue_actor)
+        except Exception:
+            problems = [f"schedule crashed:\n{traceback.format_exc()}"]
+            verdict = Verdict()
+        finally:
+            schedule.close()
+        with lock:
+            totals.schedules += 1
+            totals.disciplined += plan.disciplined
+            totals.states += verdict.states
+            totals.pod_races += verdict.pod_races
+            totals.kueue_races += verdict.kueue_races
+            totals.outcomes.update(f"{c.op}:{c.outcome}" for c in plan.calls)
+            totals.stragglers_refused_by_deadline += sum(
+                c.blocked_when_let_go and c.let_go_after_deadline and c.outcome == "rejected"
+                for c in plan.calls
+            )
+            if problems:
+                failures.append("\n".join([plan.describe(), *(f"  !! {p}" for p in problems)]))
+
+    _run_parallel(one, SCHEDULES, PARALLEL)
+    if kueue_actor is not None:
+        kueue_actor.check()
+    watcher.check()
+    elapsed = time.monotonic() - began
+    summary = (
+        f"interleavings [{mode}]: {totals.schedules} schedules "
+        f"({totals.disciplined} disciplined, {totals.schedules - totals.disciplined} "
+        f"overlapping) in {elapsed:.0f}s, seeds {base}..{base + SCHEDULES - 1}; "
+        f"{totals.states} committed states checked; HTTP {dict(recorder.requests)}; "
+        f"stragglers refused by deadline {totals.stragglers_refused_by_deadline}; "
+        f"actor races (decided before a hold landed): trainer {totals.pod_races}, "
+        f"kueue {totals.kueue_races}; outcomes {dict(sorted(totals.outcomes.items()))}"
+    )
+    with capsys.disabled():
+        print(f"\n{summary}")
+    assert not failures, f"{len(failures)} schedule(s) broke an invariant:\n" + "\n\n".join(
+        failures
+    )
+    assert totals.schedules == SCHEDULES
+    assert totals.states > SCHEDULES * 10, "the watch saw the objects change"
+
+
+def _run_parallel(fn: Callable[[int], None], count: int, width: int) -> None:
+    next_index = iter(range(count))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next(next_index, None)
+            if index is None:
+                return
+            fn(index)
+
+    threads = [threading.Thread(target=worker, name=f"schedules-{i}") for i in range(width)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+# ---- the checker has teeth (pure: synthetic event records) --------------------------------
+
+
+def _tj_event(rv: int, *, suspend: bool, hold: int | None, type_: str = "MODIFIED") -> WatchEvent:
+    ann = {} if hold is None else {ANN.hold_instance: str(hold)}
+    obj: Obj = {
+        "metadata": {"name": "j", "uid": "u", "resourceVersion": str(rv), "annotations": ann},
+        "spec": {"suspend": suspend},
+    }
+    return WatchEvent("trainjob", type_, rv, obj)
+
+
+def _pod_event(rv: int, type_: str, decided: int = 1) -> WatchEvent:
+    obj: Obj = {
+        "metadata": {
+            "name": "j-node-0",
+            "resourceVersion": str(rv),
+            "labels": {JOBSET_NAME_LABEL: "j"},
+            "annotations": {DECIDED_ON_ANNOTATION: str(decided)},
+        }
+    }
+    return WatchEvent("pod", type_, rv, obj)
+
+
+def _plain_plan(disciplined: bool, *calls: Call) -> Plan:
+    return Plan(1, "plain", disciplined, 2, list(calls), [0.0, 0.0])
+
+
+def _write(call: Call, rv: int) -> Write:
+    return Write(call, "PUT", "/trainjobs/j", 200, rv)
+
+
+def test_checker_flags_an_older_call_writing_over_a_newer_hold() -> None:
+    hold2 = Call(0, "hold", 2, 2, 0, 0.0, 1.0)
+    hold1 = Call(1, "hold", 1, 1, 1, 0.0, 1.0)
+    events = [
+        _tj_event(1, suspend=False, hold=None, type_="ADDED"),
+        _tj_event(2, suspend=True, hold=2),
+        _tj_event(3, suspend=True, hold=1),
+    ]
+    verdict = check_schedule(
+        _plain_plan(True, hold2, hold1), "j", events, [_write(hold2, 2), _write(hold1, 3)]
+    )
+    assert any("(a) call of instance 1 wrote while 2 held" in v for v in verdict.violations)
+    assert any("(a) instance 1 in force after instance 2" in v for v in verdict.violations)
+
+
+def test_checker_flags_a_hold_without_the_hold_field_and_a_run_with_pods_left() -> None:
+    hold1 = Call(0, "hold", 1, 1, 0, 0.0, 1.0)
+    release1 = Call(1, "release", 1, 1, 0, 0.0, 1.0)
+    events = [
+        _tj_event(1, suspend=False, hold=None, type_="ADDED"),
+        _pod_event(2, "ADDED"),
+        _tj_event(3, suspend=False, hold=1),  # held, yet not suspended
+        _tj_event(4, suspend=True, hold=1),
+        _tj_event(5, suspend=False, hold=None),  # released while the pod remains
+    ]
+    writes = [_write(hold1, 3), _write(hold1, 4), _write(release1, 5)]
+    verdict = check_schedule(_plain_plan(False, hold1, release1), "j", events, writes)
+    assert any("(b) hold 1 in force without spec.suspend=true" in v for v in verdict.violations)
+    assert any("(c) unsuspended while pods" in v for v in verdict.violations)
+
+
+def test_checker_accepts_a_clean_hold_and_release() -> None:
+    hold1 = Call(0, "hold", 1, 1, 0, 0.0, 1.0)
+    release1 = Call(1, "release", 1, 1, 0, 0.0, 1.0)
+    events = [
+        _tj_event(1, suspend=False, hold=None, type_="ADDED"),
+        _pod_event(2, "ADDED"),
+        _tj_event(3, suspend=True, hold=1),
+        _pod_event(4, "DELETED"),
+        _tj_event(5, suspend=False, hold=None),
+    ]
+    writes = [_write(hold1, 3), _write(release1, 5)]
+    verdict = check_schedule(_plain_plan(True, hold1, release1), "j", events, writes)
+    assert verdict.violations == []
+    assert verdict.states == 5
