@@ -53,6 +53,7 @@ class Enforcer:
     audit_log: Path
     token: str
     cluster: LocalCluster
+    ca_path: Path
 
     def namespace(self) -> str:
         return self.cluster.create_namespace(
@@ -104,6 +105,7 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
     leaf = generate_serving(ca, "holdwarden", "holdwarden-system", ip_addresses=["127.0.0.1"])
     (work / "tls.crt").write_bytes(leaf.cert_pem)
     (work / "tls.key").write_bytes(leaf.key_pem)
+    (work / "ca.crt").write_bytes(ca.cert_pem)
     config = Config(
         webhook=WebhookConfig(
             listen_address="127.0.0.1:0",
@@ -146,7 +148,7 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
         registrations = k8s.AdmissionregistrationV1Api(admin)
         registrations.create_validating_webhook_configuration(body)
         try:
-            hook = Enforcer(server, work / "audit.jsonl", token, cluster)
+            hook = Enforcer(server, work / "audit.jsonl", token, cluster, work / "ca.crt")
             _wait_until_enforced(admin, hook.namespace())
             yield hook
         finally:
@@ -620,3 +622,31 @@ def test_namespaces_outside_the_selector_are_untouched(
     created = create(admin_client, namespace, body)
     assert created["spec"]["suspend"] is False
     assert all(line["namespace"] != namespace for line in enforcer.audit())
+
+
+def test_health_readiness_and_metrics(enforcer: Enforcer) -> None:
+    import ssl
+    import urllib.request
+
+    tls = enforcer.server.state.tls
+    assert tls is not None
+    context = ssl.create_default_context(cafile=str(enforcer.ca_path))
+    base = f"https://127.0.0.1:{enforcer.server.port}"
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(base + path, context=context, timeout=5) as response:
+            assert response.status == 200
+    metrics_url = f"http://127.0.0.1:{enforcer.server.metrics_port}/metrics"
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    expiry = [
+        line
+        for line in text.splitlines()
+        if line.startswith("holdwarden_webhook_certificate_expiry_timestamp_seconds ")
+    ]
+    assert tls.not_after is not None
+    assert float(expiry[0].split()[1]) == tls.not_after.timestamp()
+    # The fixture's dry-run probe was refused and counted by rule.
+    assert (
+        'decision="denied",operation="CREATE",resource="trainjobs",rule="held-trainjob-suspended"'
+        in text
+    )

@@ -397,9 +397,14 @@ def _bound_port(runner: web.AppRunner) -> int:
 
 
 async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Serve until SIGTERM/SIGINT (or until ``until()`` returns), then shut down cleanly."""
+    """Serve until SIGTERM/SIGINT (or until ``until()`` returns), then shut down cleanly.
+
+    With ``readmission.enabled`` the readmission gate (webhook/readmission_controller.py)
+    runs beside the enforcer, with in-cluster credentials (or the kubeconfig outside one).
+    """
     server = EnforcerServer(config)
     await server.start()
+    gate = _start_readmission_gate(config)
     try:
         if until is not None:
             await until()
@@ -411,4 +416,26 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
             await stop.wait()
             log.info("stopping")
     finally:
+        if gate is not None:
+            await asyncio.get_running_loop().run_in_executor(None, gate.stop)
         await server.stop()
+
+
+def _start_readmission_gate(config: Config) -> Any:
+    if not config.readmission.enabled:
+        return None
+    from kubernetes import client as k8s
+    from kubernetes import config as kube_config
+
+    from webhook.readmission_controller import ReadmissionGate
+
+    try:
+        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+    gate = ReadmissionGate(config, k8s.ApiClient())
+    gate.start()
+    log.info(
+        "readmission gate started", extra={"fields": {"interval": str(config.readmission.interval)}}
+    )
+    return gate
