@@ -382,3 +382,33 @@ def test_fuzz_never_500_never_crash(
 def test_build_app_is_an_application(tmp_path: Path) -> None:
     audit = AuditWriter(tmp_path / "a.jsonl")
     assert isinstance(build_app(CONFIG, audit, Metrics()), web.Application)
+
+
+async def test_a_bug_while_judging_refuses_with_200(
+    hook: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("webhook.server.evaluate", broken)
+    req = review(old=trainjob(), new=trainjob())
+    status, body = await hook.post(req)
+    response = assert_envelope(body, req["request"]["uid"])
+    assert status == 200 and response["allowed"] is False
+    assert response["status"]["code"] == 500 and response["status"]["reason"] == "InternalError"
+    assert hook.count("error") == 1
+
+
+async def test_a_bug_before_the_uid_is_known_is_a_400_never_a_500(
+    hook: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("webhook.server.parse_review", broken)
+    status, body = await hook.post(review(old=trainjob(), new=trainjob()))
+    assert status == 400 and "RuntimeError" in body["message"]
+    # Even when answering the 400 itself fails, the answer is a 400.
+    monkeypatch.setattr("webhook.server.Enforcer._bad", broken)
+    status, body = await hook.post(review(old=trainjob(), new=trainjob()))
+    assert status == 400 and body["code"] == 400

@@ -54,6 +54,8 @@ _KNOWN_RESOURCES = frozenset({TRAINJOB.plural, WORKLOAD.plural})
 _KNOWN_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 _JSON = "application/json"
 _ENCODE = msgspec.json.encode
+# Pre-encoded, so answering it cannot fail.
+_LAST_RESORT = _ENCODE(bad_request_body(400, "could not read the request"))
 
 
 class TLSSource(Protocol):
@@ -177,8 +179,11 @@ class Enforcer:
         try:
             return await self._validate(request, started)
         except Exception as exc:  # never a 500, never a crash
-            log.exception("unexpected error reading an admission request")
-            return self._bad(400, f"could not read the request: {type(exc).__name__}", started)
+            try:
+                log.exception("unexpected error reading an admission request")
+                return self._bad(400, f"could not read the request: {type(exc).__name__}", started)
+            except Exception:
+                return web.Response(status=400, body=_LAST_RESORT, content_type=_JSON)
         finally:
             self.metrics.in_flight.dec()
 
