@@ -45,8 +45,8 @@ Decisions the contract leaves open, written down here and in docs/enforcer.md:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
@@ -67,6 +67,11 @@ class RulesConfig:
 
     annotations: Annotations
     kueue_identities: frozenset[str]
+    # The hold-instance key, spelled once (``Annotations`` builds it on every access).
+    hold_key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hold_key", self.annotations.hold_instance)
 
     @classmethod
     def from_config(cls, config: Config) -> RulesConfig:
@@ -141,25 +146,34 @@ def skip_reason(change: Change) -> str | None:
 # --- never raise on a shape it did not expect.
 
 
+_EMPTY: Mapping[str, Any] = {}
+
+
+def _is_map(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # dict first: objects come from JSON, and the ABC check of Mapping costs ~1 us a call.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _section(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
     if obj is None:
-        return {}
+        return _EMPTY
     value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
+    return value if _is_map(value) else _EMPTY
 
 
 def _meta_map(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
     value = _section(obj, "metadata").get(key)
-    return value if isinstance(value, Mapping) else {}
+    return value if _is_map(value) else _EMPTY
 
 
-def hold_value(obj: Mapping[str, Any] | None, annotations: Annotations) -> str | None:
-    """The raw ``P/hold-instance`` value (None when absent).
+def hold_value(obj: Mapping[str, Any] | None, annotations: Annotations | str) -> str | None:
+    """The raw ``P/hold-instance`` value (None when absent); ``annotations`` may be the key.
 
     A non-string value (impossible through the apiserver) is spelled with its type, so it
     can never parse as an instance.
     """
-    value = _meta_map(obj, "annotations").get(annotations.hold_instance)
+    key = annotations if isinstance(annotations, str) else annotations.hold_instance
+    value = _meta_map(obj, "annotations").get(key)
     if value is None:
         return None
     return value if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
@@ -227,7 +241,7 @@ def held_trainjob_suspended(change: Change, config: RulesConfig) -> Violation | 
     """A TrainJob that would carry ``P/hold-instance`` must have ``spec.suspend: true``."""
     if not change.is_trainjob:
         return None
-    instance = hold_value(change.new, config.annotations)
+    instance = hold_value(change.new, config.hold_key)
     if instance is None or suspend_of(change.new):
         return None
     rule = RuleId.HELD_TRAINJOB_SUSPENDED
@@ -244,7 +258,7 @@ def held_workload_inactive(change: Change, config: RulesConfig) -> Violation | N
     """A Workload that would carry ``P/hold-instance`` must have ``spec.active: false``."""
     if not change.is_workload:
         return None
-    instance = hold_value(change.new, config.annotations)
+    instance = hold_value(change.new, config.hold_key)
     if instance is None or not active_of(change.new):
         return None
     rule = RuleId.HELD_WORKLOAD_INACTIVE
@@ -265,9 +279,7 @@ def kueue_owns_suspend(change: Change, config: RulesConfig) -> Violation | None:
     if old == new or not _is_kueue_managed(change) or _is_kueue(change, config):
         return None
     rule = RuleId.KUEUE_OWNS_SUSPEND
-    instance = hold_value(change.new, config.annotations) or hold_value(
-        change.old, config.annotations
-    )
+    instance = hold_value(change.new, config.hold_key) or hold_value(change.old, config.annotations)
     return Violation(
         rule,
         f"{_prefix(rule, change)} is managed by Kueue (label {QUEUE_NAME_LABEL}) and "
@@ -284,8 +296,8 @@ def hold_instance_monotonic(change: Change, config: RulesConfig) -> Violation | 
     """An update must not lower a valid ``P/hold-instance`` to a smaller valid instance."""
     if change.old is None:
         return None
-    old_raw = hold_value(change.old, config.annotations)
-    new_raw = hold_value(change.new, config.annotations)
+    old_raw = hold_value(change.old, config.hold_key)
+    new_raw = hold_value(change.new, config.hold_key)
     old, new = parse_hold_instance(old_raw), parse_hold_instance(new_raw)
     if old is None or new is None or new >= old:
         return None
@@ -301,10 +313,10 @@ def hold_instance_monotonic(change: Change, config: RulesConfig) -> Violation | 
 
 def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | None:
     """A NEW or CHANGED ``P/hold-instance`` must be canonical decimal >= 1."""
-    new_raw = hold_value(change.new, config.annotations)
+    new_raw = hold_value(change.new, config.hold_key)
     if new_raw is None or parse_hold_instance(new_raw) is not None:
         return None
-    if new_raw == hold_value(change.old, config.annotations):
+    if new_raw == hold_value(change.old, config.hold_key):
         return None  # already stored before; do not wedge the object
     rule = RuleId.HOLD_INSTANCE_MALFORMED
     return Violation(
