@@ -854,3 +854,66 @@ def test_checker_accepts_a_clean_hold_and_release() -> None:
     verdict = check_schedule(_plain_plan(True, hold1, release1), "j", events, writes)
     assert verdict.violations == []
     assert verdict.states == 5
+
+
+# ---- a TrainJob deleted and created again under the same name ----------------------------
+
+
+def test_hold_after_the_trainjob_is_recreated_holds_the_new_workload(
+    cluster: LocalCluster, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    """A long-lived adapter must hold the Workload of the TrainJob that exists now.
+
+    The TrainJob is deleted and a new one started under the same name (same Ref) by
+    another process (here a second adapter instance: a restarted or second supervisor).
+    Until the garbage collector gets to it, the old Workload is still there, owned by the
+    old uid and not yet marked for deletion (here no garbage collector runs, as when it
+    lags). Hold by the first, long-lived adapter must write the new TrainJob's Workload
+    (label job-uid=<new uid> and a controller ownerReference to it), never the old one,
+    and Observe must then say held.
+    """
+    with (
+        cluster.api_client(KUEUE_IDENTITY) as kueue_api,
+        KueueActor(kueue_api, namespace, heartbeat=None, readmission_gate=False) as kueue,
+        cluster.api_client(SUPERVISOR_IDENTITY) as api,
+        cluster.api_client(SUPERVISOR_IDENTITY) as other_api,
+    ):
+        adapter = Adapter(Config(mode="kueue"), api)
+        other = Adapter(Config(mode="kueue"), other_api)
+        ref = Ref(namespace, "again")
+
+        def meta(instance: int | None = None) -> CallMeta:
+            return CallMeta(datetime.now(UTC) + timedelta(seconds=20), instance)
+
+        def body() -> Obj:
+            tj = trainjob_body("again", queue="user-queue", suspend=True)
+            tj["metadata"]["namespace"] = namespace
+            return tj
+
+        adapter.start(body(), meta())
+        adapter.hold(ref, meta(1), "first")
+        adapter.release(ref, meta(1))
+        old = kueue.workload_of("again")
+        assert old is not None
+        _custom(admin_client).delete_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, "again"
+        )
+        other.start(body(), meta())
+        new = kueue.workload_of("again")
+        assert new is not None and new["metadata"]["name"] != old["metadata"]["name"]
+
+        adapter.hold(ref, meta(2), "second")
+
+        def workload(name: str) -> Obj:
+            got: Obj = _custom(admin_client).get_namespaced_custom_object(
+                WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, name
+            )
+            return got
+
+        new_now = workload(new["metadata"]["name"])
+        old_now = workload(old["metadata"]["name"])
+        assert (_hold(new_now), is_active(new_now)) == ("2", False), (
+            "hold 2 must be on the Workload of the TrainJob that exists now"
+        )
+        assert _hold(old_now) is None, "the dead TrainJob's Workload must not be written"
+        assert adapter.observe(ref).state.value == "held"
