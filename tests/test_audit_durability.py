@@ -273,3 +273,15 @@ def test_workload_record_fields() -> None:
     body = review(resource="workloads", old=workload(active=False), new=workload())
     assert body["request"]["resource"]["resource"] == "workloads"
     assert body["request"]["object"]["spec"]["podSets"][0]["count"] == 1
+
+
+def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    proc, *_ = start_serve(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    entries = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
+    assert [e["msg"] for e in entries if e["msg"] in ("serving", "stopping")] == [
+        "serving",
+        "stopping",
+    ]
+    assert all({"time", "level", "logger", "msg"} <= set(e) for e in entries)

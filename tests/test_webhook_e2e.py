@@ -419,6 +419,11 @@ def test_lowering_or_garbling_the_instance_is_refused(
             [{"op": "replace", "path": key_path, "value": "2"}], JSON_PATCH,
         ),
     }  # fmt: skip
+    lowered = apply_body(job, suspend=True, runtimeRef={"name": "torch-distributed"})
+    lowered["metadata"]["annotations"] = {A.hold_instance: "1"}
+    lower["server-side apply"] = lambda: patch(
+        editor_client, TRAINJOB.kind, ns, name, lowered, APPLY
+    )
     for how, write in lower.items():
         message = refused(write, "hold-instance-monotonic")
         assert "instance 5" in message, how
