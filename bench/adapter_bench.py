@@ -23,12 +23,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref
 from adapter.errors import AdapterError
+from adapter.kube import MAX_RETRIES
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Resource
 
@@ -90,8 +92,17 @@ class CallStats:
         )
 
 
+def _resource(path: str) -> str:
+    """``.../namespaces/<ns>/<resource>[/<name>]`` -> ``<resource>`` (list or item)."""
+    parts = path.split("/")
+    if "namespaces" in parts and parts.index("namespaces") + 2 < len(parts):
+        index = parts.index("namespaces") + 2
+        return parts[index] + ("" if index + 1 < len(parts) else " (list)")
+    return path
+
+
 def _shape(entries: list[tuple[str, str, int]]) -> str:
-    return " + ".join(f"{m} {p.rsplit('/', 1)[0].rsplit('/', 1)[-1]}" for m, p, _ in entries)
+    return " + ".join(f"{m} {_resource(p)}" for m, p, _ in entries)
 
 
 class Bench:
@@ -193,12 +204,20 @@ class Bench:
         stats.own_count[self.adapter.request_count - own] += 1
         stats.conflicts[sum(1 for _, _, status in sent if status == 409)] += 1
 
-    def cycle(self, ref: Ref, n: int, hold: CallStats, release: CallStats) -> None:
+    def cycle(self, ref: Ref, n: int, hold: CallStats, release: CallStats) -> int:
+        """n rounds of Hold(i) then Release(i); a Release whose Hold failed is not sent (it
+        could only be StaleHold). Returns how many Releases were skipped so."""
+        skipped = 0
         for _ in range(n):
             self.instance += 1
             inst = self.instance
-            self.timed(hold, lambda inst=inst: self.adapter.hold(ref, self.meta(inst), "bench"))  # type: ignore[misc]
-            self.timed(release, lambda inst=inst: self.adapter.release(ref, self.meta(inst)))  # type: ignore[misc]
+            failed = sum(hold.errors.values())
+            self.timed(hold, partial(self.adapter.hold, ref, self.meta(inst), "bench"))
+            if sum(hold.errors.values()) > failed:
+                skipped += 1
+                continue
+            self.timed(release, partial(self.adapter.release, ref, self.meta(inst)))
+        return skipped
 
     def bare_pair(self, ref: Ref, n: int) -> list[float]:
         """GET + preconditioned PUT of the held object with the same client, no adapter."""
@@ -296,10 +315,12 @@ def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int) -> None
         res, name = bench.held_name(storm_ref)
         s_hold, s_release = CallStats(), CallStats()
         with StatusStorm(cluster, res, bench.namespace, name) as storm:
-            bench.cycle(storm_ref, storm_calls, s_hold, s_release)
+            skipped = bench.cycle(storm_ref, storm_calls, s_hold, s_release)
         calls = len(s_hold.latencies) + len(s_release.latencies)
         failed = sum(s_hold.errors.values()) + sum(s_release.errors.values())
-        retries = sum(k * v for k, v in (s_hold.conflicts + s_release.conflicts).items())
+        conflicts = s_hold.conflicts + s_release.conflicts
+        retries = sum(k * v for k, v in conflicts.items())
+        tries = retries + calls - conflicts[1 + MAX_RETRIES]
         print(
             f"\n== {mode} mode, conflict storm: status writer at {STORM_HZ:.0f} Hz on the"
             f" held {res.kind} ({storm.writes} writes in {storm.elapsed:.1f}s ="
@@ -307,7 +328,9 @@ def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int) -> None
         )
         print(
             f"  {calls} calls, {calls - failed} succeeded"
-            f" ({100.0 * (calls - failed) / calls:.1f}%); retries used (409s) {retries} total"
+            f" ({100.0 * (calls - failed) / calls:.1f}%); retries used (409s) {retries} total;"
+            f" {100.0 * retries / tries:.0f}% of tries met a 409;"
+            f" {skipped} Release(s) not sent because their Hold failed"
         )
         for label, stats in (("Hold", s_hold), ("Release", s_release)):
             dist = ", ".join(f"{k} retries x{v}" for k, v in sorted(stats.conflicts.items()))

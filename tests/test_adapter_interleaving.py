@@ -6,7 +6,8 @@ instance, when, with what delays before its read, before its write (the adapter'
 ``before_request`` hook, i.e. before the deadline check), or on the wire (the HTTP layer,
 after the deadline check), and which calls straggle (block until the schedule moves on).
 Other writers run all the time: ``KueueActor`` (Kueue mode) and ``TrainerActor`` write
-status every ~150 ms and act on the objects as their controllers do.
+status every ~150 ms and act on the objects as their controllers do; in about a third of
+the Kueue schedules Kueue also deactivates the Workload for its own reason mid-schedule.
 
 Each schedule runs in epochs: epoch n issues Hold(n), Release(n) and Open calls. Two kinds:
 
@@ -222,10 +223,14 @@ class Plan:
     epochs: int
     calls: list[Call]
     pauses: list[float]
+    kueue_deactivation: tuple[int, float] | None = None  # (epoch, offset): Kueue's own
 
     def describe(self) -> str:
         kind = "disciplined" if self.disciplined else "overlapping"
         lines = [f"seed {self.seed} ({self.mode}, {kind}, {self.epochs} epochs)"]
+        if self.kueue_deactivation is not None:
+            epoch, offset = self.kueue_deactivation
+            lines.append(f"  Kueue deactivates for its own reason in e{epoch} at +{offset:.2f}s")
         for c in self.calls:
             extras = []
             if c.delays:
@@ -275,7 +280,10 @@ def make_plan(seed: int, mode: str) -> Plan:
         if rng.random() < (0.8 if epoch == 1 else 0.3):
             add("open", None, epoch, rng.uniform(0.0, 0.6))
     pauses = [rng.uniform(0.0, 0.5) for _ in range(epochs)]
-    return Plan(seed, mode, disciplined, epochs, calls, pauses)
+    deactivation = None
+    if mode == "kueue" and rng.random() < 0.3:
+        deactivation = (rng.randint(1, epochs), rng.uniform(0.0, 0.6))
+    return Plan(seed, mode, disciplined, epochs, calls, pauses, deactivation)
 
 
 # ---- running one schedule ----------------------------------------------------------------
@@ -289,8 +297,11 @@ class Schedule:
         namespace: str,
         recorder: Recorder,
         admin: k8s.ApiClient,
+        kueue_actor: KueueActor | None = None,
     ) -> None:
         self.plan = plan
+        self.kueue_actor = kueue_actor
+        self.problems: list[str] = []
         self.namespace = namespace
         self.name = f"j{plan.seed % 10_000_000}"
         self.ref = Ref(namespace, self.name)
@@ -390,10 +401,13 @@ class Schedule:
             now_calls = [c for c in plan.calls if c.epoch == epoch]
             for call in now_calls:
                 self.launch(call)
+            kueue = self._kueue_deactivation(epoch)
             for call in now_calls:
                 if call.block_at is None:
                     assert call.thread is not None
                     call.thread.join(timeout=60)
+            if kueue is not None:
+                kueue.join(timeout=60)
             stragglers = [c for c in now_calls if c.block_at is not None]
             time.sleep(plan.pauses[epoch - 1])
         for call in plan.calls:
@@ -402,6 +416,24 @@ class Schedule:
         for call in plan.calls:
             if call.thread is not None:
                 call.thread.join(timeout=60)
+
+    def _kueue_deactivation(self, epoch: int) -> threading.Thread | None:
+        """Kueue deactivates the Workload for its own reason (a time limit), if planned."""
+        planned = self.plan.kueue_deactivation
+        if planned is None or planned[0] != epoch or self.kueue_actor is None:
+            return None
+        actor = self.kueue_actor
+
+        def body() -> None:
+            time.sleep(planned[1])
+            try:
+                actor.deactivate(self.name)
+            except Exception:
+                self.problems.append(f"Kueue's own deactivation failed:\n{traceback.format_exc()}")
+
+        thread = threading.Thread(target=body, name=f"kueue-deactivate-{self.name}", daemon=True)
+        thread.start()
+        return thread
 
     def _change_epoch(self, earlier: list[Call], stragglers: list[Call]) -> None:
         if self.plan.disciplined:
@@ -595,6 +627,7 @@ class Totals:
     pod_races: int = 0
     kueue_races: int = 0
     stragglers_refused_by_deadline: int = 0
+    kueue_deactivations: int = 0
 
 
 def _custom(api: k8s.ApiClient) -> Any:
@@ -707,10 +740,10 @@ def test_interleavings_keep_the_hold_invariants(
 
     def one(index: int) -> None:
         plan = make_plan(base + index, mode)
-        schedule = Schedule(plan, cluster, namespace, recorder, admin_client)
+        schedule = Schedule(plan, cluster, namespace, recorder, admin_client, kueue_actor)
         try:
             schedule.run()
-            problems = _settle(schedule, kueue_actor, watcher)
+            problems = schedule.problems + _settle(schedule, kueue_actor, watcher)
             with recorder.lock:
                 writes = list(recorder.writes)
             verdict = check_schedule(plan, schedule.name, watcher.events(), writes)
@@ -727,6 +760,7 @@ def test_interleavings_keep_the_hold_invariants(
             totals.states += verdict.states
             totals.pod_races += verdict.pod_races
             totals.kueue_races += verdict.kueue_races
+            totals.kueue_deactivations += plan.kueue_deactivation is not None
             totals.outcomes.update(f"{c.op}:{c.outcome}" for c in plan.calls)
             totals.stragglers_refused_by_deadline += sum(
                 c.blocked_when_let_go and c.let_go_after_deadline and c.outcome == "rejected"
@@ -746,6 +780,7 @@ def test_interleavings_keep_the_hold_invariants(
         f"overlapping) in {elapsed:.0f}s, seeds {base}..{base + SCHEDULES - 1}; "
         f"{totals.states} committed states checked; HTTP {dict(recorder.requests)}; "
         f"stragglers refused by deadline {totals.stragglers_refused_by_deadline}; "
+        f"Kueue's own deactivations {totals.kueue_deactivations}; "
         f"actor races (decided before a hold landed): trainer {totals.pod_races}, "
         f"kueue {totals.kueue_races}; outcomes {dict(sorted(totals.outcomes.items()))}"
     )
