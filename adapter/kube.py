@@ -152,7 +152,7 @@ class Adapter:
         self._lock = threading.Lock()
         self._request_count = 0
         self.request_log: deque[Request] = deque(maxlen=10_000)
-        # ref -> (TrainJob uid, Workload name): a steady-state Hold is GET + PUT workload.
+        # ref -> (TrainJob uid, Workload name): spares the LIST of Workloads on every call.
         self._workloads: dict[Ref, tuple[str, str]] = {}
         self._preflights: dict[str, PreflightResult] = {}
 
@@ -366,7 +366,14 @@ class Adapter:
         """Read the held object: the Workload (Kueue mode) or the TrainJob (plain mode)."""
         if self.mode == "plain":
             return self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
-        workload = self._workload_for(ref, None, deadline)
+        # The TrainJob is read first, every time: only its uid *now* tells whether the
+        # cached Workload still belongs to it. A TrainJob deleted and started again under
+        # the same name has a new uid, and until the garbage collector removes the old
+        # Workload, trusting the cache would hold the dead job's Workload while the new job
+        # runs. Correctness costs one GET: a steady-state Kueue-mode Hold is GET TrainJob,
+        # GET Workload, PUT Workload.
+        trainjob = self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
+        workload = self._workload_for(ref, trainjob, deadline)
         if workload is None:
             raise Rejected(f"{what}: the TrainJob has no Workload (not managed by Kueue yet?)")
         return workload
