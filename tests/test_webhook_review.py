@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, Annotations
-from webhook.review import allow, deny, parse_review
+from webhook.review import allow, allow_bytes, deny, parse_review
 from webhook.rules import Change, RulesConfig, Violation, evaluate
 from webhook.samples import inflate, review, trainjob, workload
 
@@ -127,3 +127,8 @@ def test_response_shapes() -> None:
         "reason": "Forbidden",
         "message": "m",
     }
+
+
+@given(uid=st.text(max_size=40))
+def test_pre_encoded_allow_equals_allow(uid: str) -> None:
+    assert json.loads(allow_bytes(uid)) == allow(uid)

@@ -191,6 +191,15 @@ def allow(uid: str) -> dict[str, Any]:
     }
 
 
+_ALLOW_HEAD = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":'
+_ALLOW_TAIL = b',"allowed":true}}'
+
+
+def allow_bytes(uid: str) -> bytes:
+    """``allow(uid)`` already encoded: the hot path, with the uid JSON-escaped by msgspec."""
+    return _ALLOW_HEAD + msgspec.json.encode(uid) + _ALLOW_TAIL
+
+
 def deny(uid: str, violation: Violation, *, dry_run: bool) -> dict[str, Any]:
     """An AdmissionReview response that refuses the request for ``violation``."""
     audit: dict[str, str] = {"rule": str(violation.rule)}

@@ -40,7 +40,7 @@ from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.review import (
     BadReview,
     Review,
-    allow,
+    allow_bytes,
     bad_request_body,
     deny,
     internal_error,
@@ -217,13 +217,13 @@ class Enforcer:
                 self.metrics.observe(
                     resource, operation, "skipped", "", time.perf_counter() - started
                 )
-                return self._json(200, allow(review.uid))
+                return web.Response(body=allow_bytes(review.uid), content_type=_JSON)
             violation = evaluate(change, self.rules)
             if violation is None:
                 self.metrics.observe(
                     resource, operation, "allowed", "", time.perf_counter() - started
                 )
-                return self._json(200, allow(review.uid))
+                return web.Response(body=allow_bytes(review.uid), content_type=_JSON)
             await self._audit(review, violation)
             log.info(
                 "refused",
