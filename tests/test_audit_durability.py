@@ -285,3 +285,17 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         "stopping",
     ]
     assert all({"time", "level", "logger", "msg"} <= set(e) for e in entries)
+
+
+async def test_concurrent_appends_share_one_batch_and_aclose_waits(tmp_path: Path) -> None:
+    writer = AuditWriter(tmp_path / "a.jsonl")
+    writer.open()
+    await writer.append({"uid": "first"})
+    assert writer.batches == 1
+    # Queued while nothing is in flight: all 50 go out in one write + one fdatasync.
+    tasks = [asyncio.create_task(writer.append({"uid": str(i)})) for i in range(50)]
+    await asyncio.sleep(0)
+    await writer.aclose()
+    await asyncio.gather(*tasks)
+    assert writer.batches == 2 and writer.lines == 51
+    assert len(read_audit(tmp_path / "a.jsonl").records) == 51

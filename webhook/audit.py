@@ -1,11 +1,11 @@
 """The audit trail: one JSON line per refusal, durable before the refusal is answered.
 
 Writing (``AuditWriter``):
-  - The file is opened with ``O_APPEND``; one writer thread owns the descriptor, so writes
-    never interleave and the event loop never blocks on the disk.
-  - Group commit: the thread takes every line queued since its last turn, writes them with
-    one ``os.write`` (whole lines only) and then ``fdatasync``s, and only then resolves
-    each caller's future. The handler awaits that future before it answers, so every
+  - The file is opened with ``O_APPEND``; one writer thread writes it, one batch at a time,
+    so writes never interleave and the event loop never blocks on the disk.
+  - Group commit: every line queued while the previous batch was being synced goes out in
+    the next batch: one ``os.write`` (whole lines only), then ``fdatasync``, and only then
+    is each caller's future resolved. The handler awaits that future before it answers, so every
     refusal a client was told about is on disk, even after ``kill -9`` or power loss.
   - A crash can leave at most the batch being written torn; none of its callers has been
     answered. On open, a file that does not end in a newline gets one, so the torn
@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,32 +54,33 @@ def encode_line(record: Mapping[str, Any]) -> bytes:
 
 
 class AuditWriter:
-    """Appends audit lines durably from a single writer thread (group commit).
+    """Appends audit lines durably, in batches, from one writer thread (group commit).
 
     ``append`` is awaited by the handler; it returns only after the line is written and
-    ``fdatasync`` has returned, and raises ``OSError`` if either failed.
+    ``fdatasync`` has returned, and raises ``OSError`` if either failed. Lines wait on the
+    event loop while a batch is being synced and go out together in the next one, so the
+    thread hand-off and the sync are paid once per batch, not once per line. One writer
+    serves one event loop.
     """
 
     def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
         self.path = Path(path)
         self._fsync = fsync
         self._fd = -1
-        self._lock = threading.Condition()
-        self._queue: list[tuple[bytes, Future[None]]] = []
-        self._closing = False
-        self._thread: threading.Thread | None = None
+        self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
         self.batches = 0
         self.lines = 0
 
     def open(self) -> None:
-        """Open (creating directories and the file) and start the writer thread."""
-        if self._thread is not None:
+        """Open the file (creating directories and the file) and start the writer thread."""
+        if self._fd >= 0:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
         self._terminate_torn_line()
-        self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
-        self._thread.start()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-writer")
 
     def _terminate_torn_line(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -97,62 +97,65 @@ class AuditWriter:
         if self._fsync:
             os.fdatasync(self._fd)
 
-    def submit(self, record: Mapping[str, Any]) -> Future[None]:
-        """Queue one record; the returned future resolves once it is durable."""
-        line = encode_line(record)
-        done: Future[None] = Future()
-        with self._lock:
-            if self._closing or self._thread is None:
-                done.set_exception(OSError("audit writer is not open"))
-                return done
-            self._queue.append((line, done))
-            self._lock.notify()
-        return done
-
     async def append(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` and return once it is durably on disk."""
-        await asyncio.wrap_future(self.submit(record))
+        if self._fd < 0 or self._executor is None:
+            raise OSError("audit writer is not open")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._pending.append((encode_line(record), done))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush())
+        await done
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._queue and not self._closing:
-                    self._lock.wait()
-                batch, self._queue = self._queue, []
-                closing = self._closing
-            if batch:
-                self._commit(batch)
-            if closing and not batch:
-                return
-
-    def _commit(self, batch: list[tuple[bytes, Future[None]]]) -> None:
-        data = b"".join(line for line, _ in batch)
-        error: OSError | None = None
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            view = memoryview(data)
-            while view:
-                # One call writes the whole batch in practice; loop only on a short write.
-                written = os.write(self._fd, view)
-                view = view[written:]
-            self._sync()
-        except OSError as exc:
-            error = exc
-        self.batches += 1
-        self.lines += len(batch)
-        for _, done in batch:
-            if error is None:
-                done.set_result(None)
-            else:
-                done.set_exception(error)
+            while self._pending and self._executor is not None:
+                batch, self._pending = self._pending, []
+                data = b"".join(line for line, _ in batch)
+                error: OSError | None = None
+                try:
+                    await loop.run_in_executor(self._executor, self._commit, data)
+                except OSError as exc:
+                    error = exc
+                self.batches += 1
+                self.lines += len(batch)
+                for _, done in batch:
+                    if done.done():
+                        continue  # the waiting handler was cancelled
+                    if error is None:
+                        done.set_result(None)
+                    else:
+                        done.set_exception(error)
+        finally:
+            self._flusher = None
+            if self._executor is None:  # closed under us: nothing queued will be written
+                stranded, self._pending = self._pending, []
+                for _, done in stranded:
+                    if not done.done():
+                        done.set_exception(OSError("audit writer closed"))
+
+    def _commit(self, data: bytes) -> None:
+        """Writer thread: one write of whole lines, then the sync."""
+        view = memoryview(data)
+        while view:
+            # One call writes the whole batch in practice; loop only on a short write.
+            written = os.write(self._fd, view)
+            view = view[written:]
+        self._sync()
+
+    async def aclose(self) -> None:
+        """Wait for every queued line to be durable, then close."""
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+        self.close()
 
     def close(self) -> None:
-        """Flush what is queued, stop the thread and close the file."""
-        with self._lock:
-            self._closing = True
-            self._lock.notify()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Stop the writer thread (after the batch in progress) and close the file."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

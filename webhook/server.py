@@ -391,7 +391,7 @@ class EnforcerServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
             self._watch = None
-        await asyncio.get_running_loop().run_in_executor(None, self.audit.close)
+        await self.audit.aclose()
 
 
 def _bound_port(runner: web.AppRunner) -> int:
