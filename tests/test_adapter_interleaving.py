@@ -467,6 +467,7 @@ class Verdict:
     violations: list[str] = field(default_factory=list)
     pod_races: int = 0  # pods Trainer created on a read made before a hold landed
     kueue_races: int = 0  # unsuspends Kueue decided on a read made before a hold landed
+    reholds: int = 0  # hold n placed again after Release(n) lifted it (the spec allows it)
     states: int = 0
 
 
@@ -582,6 +583,8 @@ def check_schedule(plan: Plan, name: str, events: list[WatchEvent], writes: list
             fail(event, f"(b) hold {new} in force without {field_}")
         if in_force is None and new is not None:
             held_since = event.rv
+            if new == max_in_force:
+                verdict.reholds += 1
         in_force = new
         max_in_force = max(max_in_force, new or 0)
     return verdict
@@ -628,6 +631,7 @@ class Totals:
     kueue_races: int = 0
     stragglers_refused_by_deadline: int = 0
     kueue_deactivations: int = 0
+    reholds: int = 0
 
 
 def _custom(api: k8s.ApiClient) -> Any:
@@ -761,6 +765,7 @@ def test_interleavings_keep_the_hold_invariants(
             totals.pod_races += verdict.pod_races
             totals.kueue_races += verdict.kueue_races
             totals.kueue_deactivations += plan.kueue_deactivation is not None
+            totals.reholds += verdict.reholds
             totals.outcomes.update(f"{c.op}:{c.outcome}" for c in plan.calls)
             totals.stragglers_refused_by_deadline += sum(
                 c.blocked_when_let_go and c.let_go_after_deadline and c.outcome == "rejected"
@@ -781,6 +786,7 @@ def test_interleavings_keep_the_hold_invariants(
         f"{totals.states} committed states checked; HTTP {dict(recorder.requests)}; "
         f"stragglers refused by deadline {totals.stragglers_refused_by_deadline}; "
         f"Kueue's own deactivations {totals.kueue_deactivations}; "
+        f"same-instance re-holds after its release {totals.reholds}; "
         f"actor races (decided before a hold landed): trainer {totals.pod_races}, "
         f"kueue {totals.kueue_races}; outcomes {dict(sorted(totals.outcomes.items()))}"
     )
