@@ -235,7 +235,13 @@ class Result:
     errors: int = 0
     elapsed: float = 0.0
     latencies: list[float] = field(default_factory=list)
+    allowed_latencies: list[float] = field(default_factory=list)
+    refused_latencies: list[float] = field(default_factory=list)
     server_cpu_s: float = 0.0
+
+    def record(self, seconds: float, refuse: bool) -> None:
+        self.latencies.append(seconds)
+        (self.refused_latencies if refuse else self.allowed_latencies).append(seconds)
 
     @property
     def cpu_us_per_review(self) -> float:
@@ -247,12 +253,17 @@ class Result:
 
     def summary(self) -> dict[str, Any]:
         lat = self.latencies or [float("nan")]
+        allowed = self.allowed_latencies or [float("nan")]
+        refused = self.refused_latencies or [float("nan")]
         return {
             "run": self.label,
             "offered_per_s": self.offered,
             "achieved_per_s": round(self.rate, 1),
             "p50_ms": round(percentile(lat, 0.5) * 1000, 3),
             "p99_ms": round(percentile(lat, 0.99) * 1000, 3),
+            "allowed_p99_ms": round(percentile(allowed, 0.99) * 1000, 3),
+            "refused_p50_ms": round(percentile(refused, 0.5) * 1000, 3),
+            "refused_p99_ms": round(percentile(refused, 0.99) * 1000, 3),
             "completed": self.completed,
             "server_cpu_us_per_review": round(self.cpu_us_per_review, 1),
             "one_core_capacity_per_s": round(1e6 / self.cpu_us_per_review, 1)
@@ -294,7 +305,7 @@ async def open_loop(
                 continue
             now = time.perf_counter()
             last_done = now
-            result.latencies.append(now - scheduled)
+            result.record(now - scheduled, refuse)
             result.completed += 1
             result.wrong += not check(answer, refuse, floor)
 
@@ -337,7 +348,7 @@ async def closed_loop(
             i += CONNECTIONS
             sent = time.perf_counter()
             answer = await conn.roundtrip(request)
-            result.latencies.append(time.perf_counter() - sent)
+            result.record(time.perf_counter() - sent, refuse)
             result.completed += 1
             result.wrong += not check(answer, refuse, floor)
 
@@ -354,6 +365,23 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fdatasync_latency(directory: Path, count: int = 200) -> dict[str, float]:
+    """What one append + fdatasync costs on this disk now (ms): the floor of a refusal."""
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    samples = []
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            os.write(fd, b"x" * 600 + b"\n")
+            os.fdatasync(fd)
+            samples.append((time.perf_counter() - start) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"p50_ms": percentile(samples, 0.5), "p99_ms": percentile(samples, 0.99)}
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -453,6 +481,7 @@ def main() -> None:
         (work / "tls.crt").write_bytes(leaf.cert_pem)
         (work / "tls.key").write_bytes(leaf.key_pem)
         (work / "ca.crt").write_bytes(ca.cert_pem)
+        report["fdatasync"] = fdatasync_latency(work)
         runs: dict[str, Any] = {}
         for role in ("enforcer", "floor"):
             results, rss = asyncio.run(
@@ -494,9 +523,15 @@ def print_report(report: dict[str, Any]) -> None:
         f"p50 {d['p50_us']:.1f} us, p99 {d['p99_us']:.1f} us, mean {d['mean_us']:.1f} us "
         f"over {d['samples']} samples  [target p50 <= 100 us]"
     )
+    f = report["fdatasync"]
+    print(
+        f"disk: append + fdatasync p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms "
+        f"(a refusal waits for one; allowed reviews never do)"
+    )
     header = (
         f"{'run':<28}{'offered/s':>10}{'achieved/s':>12}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'errors':>8}{'wrong':>7}{'cpu us/rev':>12}{'1-core cap/s':>14}"
+        f"{'allow p99':>10}{'deny p50':>9}{'deny p99':>9}"
+        f"{'errors':>7}{'wrong':>6}{'cpu us/rev':>11}{'1-core cap/s':>13}"
     )
     for role in ("enforcer", "floor"):
         run = report["runs"][role]
@@ -506,8 +541,9 @@ def print_report(report: dict[str, Any]) -> None:
             offered = f"{r['offered_per_s']:g}" if r["offered_per_s"] else "max"
             print(
                 f"{r['run']:<28}{offered:>10}{r['achieved_per_s']:>12.1f}{r['p50_ms']:>9.2f}"
-                f"{r['p99_ms']:>9.2f}{r['errors']:>8}{r['wrong_verdicts']:>7}"
-                f"{r['server_cpu_us_per_review']:>12.1f}{r['one_core_capacity_per_s'] or 0:>14.0f}"
+                f"{r['p99_ms']:>9.2f}{r['allowed_p99_ms']:>10.2f}{r['refused_p50_ms']:>9.2f}"
+                f"{r['refused_p99_ms']:>9.2f}{r['errors']:>7}{r['wrong_verdicts']:>6}"
+                f"{r['server_cpu_us_per_review']:>11.1f}{r['one_core_capacity_per_s'] or 0:>13.0f}"
             )
     print("\nenforcer / floor")
     for r in report["ratios"]:
