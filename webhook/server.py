@@ -50,6 +50,7 @@ from webhook.rules import RulesConfig, Violation, active_of, evaluate, skip_reas
 
 log = logging.getLogger("holdwarden.webhook")
 
+SWITCH_INTERVAL = 0.0005
 _KNOWN_RESOURCES = frozenset({TRAINJOB.plural, WORKLOAD.plural})
 _KNOWN_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 _JSON = "application/json"
@@ -346,6 +347,11 @@ class EnforcerServer:
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        # The audit writer thread needs the GIL for a moment after each fdatasync before the
+        # refusal can be answered; with CPython's default 5 ms switch interval a busy event
+        # loop would make every refusal wait up to 5 ms for it. 0.5 ms bounds that wait; it
+        # only costs anything when another thread actually asks for the GIL.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         self.audit.open()
         tls = self.state.tls if self.state.tls is not None else _load_tls(self.config)
         self.state.tls = tls
