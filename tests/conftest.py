@@ -53,7 +53,7 @@ def _client(cluster: LocalCluster, user: str | None) -> Iterator[k8s.ApiClient]:
     try:
         yield api
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture

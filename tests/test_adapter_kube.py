@@ -72,12 +72,12 @@ class Cluster:
         return (WORKLOAD.group, WORKLOAD.version, self.ns, WORKLOAD.plural)
 
     def trainjob(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = self.admin.get_namespaced_custom_object(*self.tj_args(), name)
-        return obj
+        obj: Any = self.admin.get_namespaced_custom_object(*self.tj_args(), name)
+        return dict(obj)
 
     def workload(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = self.admin.get_namespaced_custom_object(*self.wl_args(), name)
-        return obj
+        obj: Any = self.admin.get_namespaced_custom_object(*self.wl_args(), name)
+        return dict(obj)
 
     def create_trainjob(self, name: str, *, queue: str | None = None, suspend: bool = True) -> Any:
         return self.admin.create_namespaced_custom_object(
@@ -98,7 +98,7 @@ class Cluster:
 
     def set_workload_condition(self, wl_name: str, type_: str, reason: str) -> None:
         """As Kueue: write a Workload condition through the status subresource."""
-        wl = self.kueue.get_namespaced_custom_object(*self.wl_args(), wl_name)
+        wl: Any = self.kueue.get_namespaced_custom_object(*self.wl_args(), wl_name)
         conds = [c for c in (wl.get("status") or {}).get("conditions", []) if c["type"] != type_]
         conds.append(
             {
@@ -825,7 +825,7 @@ def test_preflight_detects_an_admission_refusal_naming_the_rule(
     adm = k8s.AdmissionregistrationV1Api(admin_client)
     name = f"holdwarden-test-{namespace}"
     adm.create_validating_admission_policy(
-        {
+        {  # type: ignore[arg-type]  # a dict body is sent as is
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicy",
             "metadata": {"name": name},
@@ -855,7 +855,7 @@ def test_preflight_detects_an_admission_refusal_naming_the_rule(
         }
     )
     adm.create_validating_admission_policy_binding(
-        {
+        {  # type: ignore[arg-type]
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": {"name": name},
@@ -911,7 +911,7 @@ def test_unsupported_in_kueue_mode_without_workload_update(
     rbac = k8s.RbacAuthorizationV1Api(admin_client)
     rbac.create_namespaced_role(
         kc.ns,
-        {
+        {  # type: ignore[arg-type]
             "metadata": {"name": "create-only"},
             "rules": [
                 {
@@ -929,7 +929,7 @@ def test_unsupported_in_kueue_mode_without_workload_update(
     )
     rbac.create_namespaced_role_binding(
         kc.ns,
-        {
+        {  # type: ignore[arg-type]
             "metadata": {"name": "create-only"},
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
@@ -950,7 +950,7 @@ def test_unsupported_in_kueue_mode_without_workload_update(
         assert result.hold_round_trip.supported, result.hold_round_trip.reason
         assert not result.update_workloads.supported
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]
     assert hold_annotations(kc.workload(wl_name)) == {}
 
 
@@ -993,7 +993,7 @@ def test_plain_routine_status_conflict_is_retried(
     trainer = k8s.CustomObjectsApi(trainer_client)
 
     def trainer_writes_status() -> None:
-        tj = trainer.get_namespaced_custom_object(*kc.tj_args(), "job")
+        tj: Any = trainer.get_namespaced_custom_object(*kc.tj_args(), "job")
         tj["status"] = {
             "conditions": [
                 {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -16,10 +17,10 @@ def test_creates_a_trainjob_through_the_official_client(
     admin_client: k8s.ApiClient, namespace: str
 ) -> None:
     custom = k8s.CustomObjectsApi(admin_client)
-    created = custom.create_namespaced_custom_object(
+    created: Any = custom.create_namespaced_custom_object(
         TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, trainjob_body("smoke")
     )
-    read = custom.get_namespaced_custom_object(
+    read: Any = custom.get_namespaced_custom_object(
         TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, "smoke"
     )
     assert read["metadata"]["uid"] == created["metadata"]["uid"]
@@ -30,7 +31,7 @@ def test_creates_a_trainjob_through_the_official_client(
 def test_stale_resource_version_put_gets_409(admin_client: k8s.ApiClient, namespace: str) -> None:
     custom = k8s.CustomObjectsApi(admin_client)
     args = (TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural)
-    first = custom.create_namespaced_custom_object(*args, trainjob_body("stale"))
+    first: Any = custom.create_namespaced_custom_object(*args, trainjob_body("stale"))
     first["metadata"].setdefault("annotations", {})["x"] = "1"
     custom.replace_namespaced_custom_object(*args, "stale", first)  # bumps resourceVersion
     first["metadata"]["annotations"]["x"] = "2"  # still carries the old resourceVersion
@@ -48,14 +49,14 @@ def test_impersonated_user_without_rbac_gets_403(
             TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural
         )
     assert raised.value.status == 403
-    assert "mallory" in raised.value.body
+    assert "mallory" in (raised.value.body or "")
 
 
 def test_workload_active_defaults_to_true(admin_client: k8s.ApiClient, namespace: str) -> None:
     custom = k8s.CustomObjectsApi(admin_client)
     body = workload_body("defaults")
     assert "active" not in body["spec"]
-    created = custom.create_namespaced_custom_object(
+    created: Any = custom.create_namespaced_custom_object(
         WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, body
     )
     assert created["spec"]["active"] is True
@@ -72,6 +73,7 @@ def test_impersonated_controllers_have_their_rights(
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
     )
     created = k8s.CoreV1Api(trainer_client).create_namespaced_pod(namespace, pod)
+    assert created.metadata is not None
     assert created.metadata.name == "p"
     managers = {m.manager for m in created.metadata.managed_fields or []}
     assert managers, "the server records who wrote the pod"
