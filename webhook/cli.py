@@ -112,8 +112,8 @@ def print_table(records: list[dict[str, Any]], out: TextIO) -> None:
     header = [column.upper() for column in _COLUMNS]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(_COLUMNS))]
     for row in [header, *rows]:
-        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-        out.write("\n")
+        line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        out.write(line.rstrip() + "\n")
 
 
 def _cell(value: object) -> str:
