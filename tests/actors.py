@@ -293,9 +293,13 @@ class KueueActor(_Actor):
       writers of the Workload meet 409s routinely.
 
     The readmission gate is holdwarden's AdmissionCheck (design: "Kueue mode, Open and the
-    readmission gate"); it is not built yet, so when ``readmission_gate`` is on the actor
-    admits only what the gate would let through: TrainJob opened, no hold annotation on the
-    Workload, no pod of the TrainJob left. (It does not raise P/attempt.)
+    readmission gate"). With ``admission_check`` set, the actor does what Kueue does with
+    an AdmissionCheck and the real gate (``webhook.readmission_controller``) decides: the
+    check is listed ``Pending`` on each Workload, reset to ``Pending`` on eviction, and the
+    Workload is admitted only while the check is ``Ready``. Without it, and with
+    ``readmission_gate`` on, the actor plays the gate itself: it admits only what the gate
+    would let through (TrainJob opened, no hold annotation on the Workload, no pod of the
+    TrainJob left; it does not raise P/attempt).
     """
 
     name = "kueue-actor"
@@ -308,9 +312,11 @@ class KueueActor(_Actor):
         interval: float = 0.05,
         heartbeat: float | None = 0.3,
         readmission_gate: bool = True,
+        admission_check: str | None = None,
         annotation_prefix: str = DEFAULT_ANNOTATION_PREFIX,
     ) -> None:
         super().__init__(interval)
+        self.admission_check = admission_check
         self.io = _ObjectIO(api, namespace)
         self.heartbeat = heartbeat
         self.readmission_gate = readmission_gate
@@ -441,7 +447,38 @@ class KueueActor(_Actor):
             (workload.get("status") or {}).get("admission")
         )
 
+    def _check_state(self, workload: Obj) -> str | None:
+        for check in (workload.get("status") or {}).get("admissionChecks") or []:
+            if check.get("name") == self.admission_check:
+                return str(check.get("state"))
+        return None
+
+    def _list_check(self, workload: Obj, state: str = "Pending") -> bool:
+        """Kueue's part of an AdmissionCheck: list it on the Workload (mutates ``workload``)."""
+        checks = workload.setdefault("status", {}).setdefault("admissionChecks", [])
+        others = [c for c in checks if c.get("name") != self.admission_check]
+        current = next((c for c in checks if c.get("name") == self.admission_check), None)
+        if current is not None and current.get("state") == state:
+            return False
+        others.append(
+            {
+                "name": self.admission_check,
+                "state": state,
+                "message": "",
+                "lastTransitionTime": now_rfc3339(),
+            }
+        )
+        workload["status"]["admissionChecks"] = others
+        return True
+
     def _gate_open(self, trainjob: Obj, workload: Obj) -> bool:
+        if self.admission_check is not None:
+            if self._check_state(workload) is None:
+                self.io.update(
+                    WORKLOAD, workload["metadata"]["name"], self._list_check, status=True
+                )
+                return False
+            return self._check_state(workload) == "Ready"
         if not self.readmission_gate:
             return True
         if not annotations_of(trainjob).get(self.annotations.opened):
@@ -488,7 +525,13 @@ class KueueActor(_Actor):
         def admit(obj: Obj) -> bool:
             if not is_active(obj) or self._admitted(obj):
                 return False
-            if self.readmission_gate and self.annotations.hold_instance in annotations_of(obj):
+            if self.admission_check is not None and self._check_state(obj) != "Ready":
+                return False
+            if (
+                self.admission_check is None
+                and self.readmission_gate
+                and self.annotations.hold_instance in annotations_of(obj)
+            ):
                 return False
             status = obj.setdefault("status", {})
             status["admission"] = {
@@ -530,6 +573,9 @@ class KueueActor(_Actor):
             if is_active(obj):
                 return False
             set_condition(obj, EVICTED_CONDITION, "True", reason, "The workload is deactivated")
+            if self.admission_check is not None:
+                # Kueue resets every admission check on eviction.
+                self._list_check(obj, "Pending")
             return True
 
         if self.io.update(WORKLOAD, wl_name, evicted, status=True) is None:
@@ -539,7 +585,10 @@ class KueueActor(_Actor):
         self._set_suspend(trainjob["metadata"]["name"], True)
 
         def unreserve(obj: Obj) -> bool:
-            if is_active(obj):
+            # Once evicted, the quota goes back even if the Workload was reactivated in the
+            # meantime: like Kueue, a re-activated Workload must be admitted afresh (through
+            # its admission checks), never resume on the old reservation.
+            if (find_condition(obj, EVICTED_CONDITION) or {}).get("status") != "True":
                 return False
             status = obj.setdefault("status", {})
             status.pop("admission", None)

@@ -59,7 +59,9 @@ from kubernetes import client as k8s
 from adapter import Adapter, CallMeta, Config, Ref
 from adapter.errors import AdapterError, Conflict, NotFound, PodsRemain, Rejected, StaleHold
 from adapter.kube import Request
+from holdwarden.config import ReadmissionConfig
 from holdwarden.localcluster import (
+    ENFORCER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     TRAINER_IDENTITY,
@@ -84,6 +86,13 @@ from tests.actors import (
     is_suspended,
 )
 from tests.k8s_objects import trainjob_body
+from webhook.readmission import GateAction
+from webhook.readmission_controller import (
+    ADMISSION_CHECK_GROUP,
+    ADMISSION_CHECK_VERSION,
+    ADMISSION_CHECKS,
+    ReadmissionGate,
+)
 
 Obj = dict[str, Any]
 ANN = Annotations()
@@ -698,6 +707,32 @@ def _cleanup(schedule: Schedule, kueue_actor: KueueActor | None) -> None:
     )
 
 
+def _start_readmission_gate(
+    cluster: LocalCluster, admin: k8s.ApiClient, check: str
+) -> ReadmissionGate:
+    """Create an AdmissionCheck served by a fresh gate (its own controller name) and start it."""
+    controller = f"holdwarden.io/{check}"
+    k8s.CustomObjectsApi(admin).create_cluster_custom_object(
+        ADMISSION_CHECK_GROUP,
+        ADMISSION_CHECK_VERSION,
+        ADMISSION_CHECKS,
+        {
+            "apiVersion": f"{ADMISSION_CHECK_GROUP}/{ADMISSION_CHECK_VERSION}",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": check},
+            "spec": {"controllerName": controller},
+        },
+    )
+    config = Config(
+        readmission=ReadmissionConfig(
+            enabled=True, controller_name=controller, interval=timedelta(milliseconds=50)
+        )
+    )
+    gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+    gate.start()
+    return gate
+
+
 @pytest.fixture
 def actors(
     request: pytest.FixtureRequest, cluster: LocalCluster, namespace: str
@@ -715,11 +750,25 @@ def actors(
             ),
         ):
             if mode == "kueue":
-                with (
-                    cluster.api_client(KUEUE_IDENTITY) as kueue_api,
-                    KueueActor(kueue_api, namespace, heartbeat=0.15) as kueue_actor,
-                ):
-                    yield kueue_actor, watcher
+                # Kueue mode runs the real readmission gate: Kueue (the actor) admits a
+                # Workload only once the gate has marked its AdmissionCheck Ready.
+                check = f"readmission-{namespace}"
+                gate = _start_readmission_gate(cluster, admin, check)
+                try:
+                    with (
+                        cluster.api_client(KUEUE_IDENTITY) as kueue_api,
+                        KueueActor(
+                            kueue_api, namespace, heartbeat=0.15, admission_check=check
+                        ) as kueue_actor,
+                    ):
+                        yield kueue_actor, watcher
+                    # The gate really decided admissions: it marked checks Ready and the
+                    # actor admitted (only) through them.
+                    assert gate.applied[GateAction.MARK_READY] > 0, gate.applied
+                    assert kueue_actor.admissions > 0
+                finally:
+                    gate.stop()
+                assert gate.errors == 0, "the readmission gate failed a pass (see the log)"
             else:
                 yield None, watcher
         time.sleep(0.2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -211,4 +211,81 @@ def test_gate_thread_runs_passes_until_stopped(cluster: LocalCluster, check_name
     finally:
         gate.stop()
     assert gate.passes >= 3
+    assert gate.errors == 0
+
+
+def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(
+    cluster: LocalCluster,
+    check_name: str,
+    kueue_client: k8s.ApiClient,
+    trainer_client: k8s.ApiClient,
+    supervisor_client: k8s.ApiClient,
+    admin_client: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    """The whole Kueue-mode story with the real gate: Kueue (an actor) admits only through
+    the AdmissionCheck, Trainer (an actor) deletes pods 2 s after a suspend, and the
+    supervisor holds and at once releases through the adapter. The job must stay suspended
+    until the held execution's pods are gone, then run again with A raised by one."""
+    from adapter import Adapter, CallMeta, Ref
+    from tests.actors import KueueActor, TrainerActor
+
+    gate = _gate(cluster, check_name)
+    gate.start()
+    objects = Objects(admin_client, kueue_client, namespace)
+
+    def pod_uids() -> set[str]:
+        found = k8s.CoreV1Api(admin_client).list_namespaced_pod(
+            namespace, label_selector=f"{JOBSET_NAME_LABEL}=job"
+        )
+        return {str(pod.metadata.uid) for pod in found.items if pod.metadata is not None}
+
+    def pods() -> int:
+        return len(pod_uids())
+
+    def eventually(probe: Any, what: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while not probe():
+            assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+            time.sleep(0.05)
+
+    def meta(instance: int | None = None) -> CallMeta:
+        return CallMeta(datetime.now(UTC) + timedelta(seconds=20), instance)
+
+    try:
+        with (
+            KueueActor(kueue_client, namespace, admission_check=check_name),
+            TrainerActor(trainer_client, namespace, delete_delay=2.0),
+        ):
+            adapter = Adapter(Config(mode="kueue"), supervisor_client)
+            body = trainjob_body("job", queue="user-queue", suspend=True)
+            body["metadata"]["namespace"] = namespace
+            ref = adapter.start(body, meta())
+            assert ref == Ref(namespace, "job")
+            adapter.open(ref, meta())
+            eventually(lambda: pods() == 2, "the first execution's pods")
+            eventually(
+                lambda: objects.trainjob()["metadata"]["annotations"].get(NOTES.attempt) == "1",
+                "the gate records attempt 1",
+            )
+
+            adapter.hold(ref, meta(1), "node lost")
+            eventually(lambda: objects.trainjob()["spec"]["suspend"] is True, "Kueue suspends")
+            adapter.release(ref, meta(1))
+
+            # Until the held execution's pods are gone, the job must not run (never two
+            # executions). Old pods only ever disappear, so one still listed after the job
+            # was seen running was there when it started running.
+            held_pods = pod_uids()
+            assert held_pods, "the test must release while pods remain"
+            eventually(lambda: objects.trainjob()["spec"]["suspend"] is False, "runs again")
+            assert not held_pods & pod_uids(), "ran while the held execution's pods remained"
+            # The gate writes Ready (with the attempt it grants) first and records A on the
+            # TrainJob right after, so A may trail the unsuspend by a moment.
+            eventually(
+                lambda: objects.trainjob()["metadata"]["annotations"].get(NOTES.attempt) == "2",
+                "the gate records attempt 2",
+            )
+    finally:
+        gate.stop()
     assert gate.errors == 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -59,6 +60,8 @@ class ReadmissionGate:
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.errors = 0
+        self.applied: Counter[GateAction] = Counter()
+        """Writes applied, by action (for tests and the log)."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -169,6 +172,7 @@ class ReadmissionGate:
                 if exc.status in (404, 409):  # changed or gone under us: next pass decides
                     break
                 raise
+            self.applied[decision.action] += 1
             log.info(
                 "readmission %s",
                 decision.action.value,
