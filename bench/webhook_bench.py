@@ -424,7 +424,9 @@ async def drive(
     try:
         await open_loop(port, context, requests, 200, 1.0, floor)  # warm-up
         results = []
-        allowed_only = [(request, refuse) for request, refuse in requests if not refuse]
+        allowed_only: list[tuple[bytes, bool]] = [
+            (request, refuse) for request, refuse in requests if not refuse
+        ]
         for rate in [*rates, None, -1.0]:
             before = cpu_seconds(proc.pid)
             if rate is None:

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -192,18 +193,18 @@ def hold_annotations(instance: str) -> dict[str, str]:
 
 def create(api: k8s.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
     coords = TRAINJOB if body["kind"] == TRAINJOB.kind else WORKLOAD
-    created: dict[str, Any] = custom(api).create_namespaced_custom_object(
+    created: Any = custom(api).create_namespaced_custom_object(
         coords.group, coords.version, namespace, coords.plural, body
     )
-    return created
+    return dict(created)
 
 
 def get(api: k8s.ApiClient, kind: str, namespace: str, name: str) -> dict[str, Any]:
     coords = TRAINJOB if kind == TRAINJOB.kind else WORKLOAD
-    got: dict[str, Any] = custom(api).get_namespaced_custom_object(
+    got: Any = custom(api).get_namespaced_custom_object(
         coords.group, coords.version, namespace, coords.plural, name
     )
-    return got
+    return dict(got)
 
 
 def patch(
@@ -229,20 +230,20 @@ def patch(
         if status
         else custom(api).patch_namespaced_custom_object
     )
-    result: dict[str, Any] = method(
+    result: Any = method(
         coords.group, coords.version, namespace, coords.plural, name, body, **extra
     )
-    return result
+    return dict(result)
 
 
 def replace(api: k8s.ApiClient, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
     coords = TRAINJOB if obj["kind"] == TRAINJOB.kind else WORKLOAD
     meta = obj["metadata"]
-    extra = {"dry_run": "All"} if dry_run else {}
-    result: dict[str, Any] = custom(api).replace_namespaced_custom_object(
+    extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
+    result: Any = custom(api).replace_namespaced_custom_object(
         coords.group, coords.version, meta["namespace"], coords.plural, meta["name"], obj, **extra
     )
-    return result
+    return dict(result)
 
 
 def refused(write: Callable[[], object], rule: str) -> str:
@@ -250,7 +251,7 @@ def refused(write: Callable[[], object], rule: str) -> str:
     with pytest.raises(ApiException) as info:
         write()
     assert info.value.status == 403, info.value.body
-    message = str(json.loads(info.value.body)["message"])
+    message = str(json.loads(info.value.body or "{}")["message"])
     assert f'admission webhook "{WEBHOOK_NAME}" denied the request' in message
     assert f"holdwarden [{rule}]" in message, message
     return message
@@ -317,7 +318,7 @@ def test_unsuspending_a_held_trainjob_is_refused_every_way(
     name = job["metadata"]["name"]
     for how, write in unsuspend_writes(job).items():
         before = len(enforcer.audit())
-        message = refused(lambda w=write: w(editor_client, False), "held-trainjob-suspended")
+        message = refused(partial(write, editor_client, False), "held-trainjob-suspended")
         assert f"TrainJob {ns}/{name}" in message, how
         assert f"holdwarden release {ns}/{name} --instance 3" in message, how
         after = get(admin_client, TRAINJOB.kind, ns, name)
@@ -344,7 +345,7 @@ def test_dry_run_writes_are_judged_the_same_and_marked(
     job = held_trainjob(admin_client, ns)
     for how, write in unsuspend_writes(job).items():
         before = len(enforcer.audit())
-        refused(lambda w=write: w(editor_client, True), "held-trainjob-suspended")
+        refused(partial(write, editor_client, True), "held-trainjob-suspended")
         lines = enforcer.audit()[before:]
         assert [line["dryRun"] for line in lines] == [True], how
     after = get(admin_client, TRAINJOB.kind, ns, job["metadata"]["name"])
@@ -429,9 +430,9 @@ def test_lowering_or_garbling_the_instance_is_refused(
         assert "instance 5" in message, how
     for garbage in ("05", "0", "-1", "five", ""):
         refused(
-            lambda g=garbage: patch(
-                editor_client, TRAINJOB.kind, ns, name,
-                {"metadata": {"annotations": {A.hold_instance: g}}}, MERGE,
+            partial(
+                patch, editor_client, TRAINJOB.kind, ns, name,
+                {"metadata": {"annotations": {A.hold_instance: garbage}}}, MERGE,
             ),
             "hold-instance-malformed",
         )  # fmt: skip
@@ -499,7 +500,7 @@ def test_reactivating_a_held_workload_is_refused_every_way(
     for how, write in writes.items():
         for dry in (False, True):
             before = len(enforcer.audit())
-            message = refused(lambda w=write, d=dry: w(d), "held-workload-inactive")
+            message = refused(partial(write, dry), "held-workload-inactive")
             assert f"Workload {ns}/{name}" in message, how
             assert f"holdwarden release {ns}/kjob --instance 2" in message, how
             line = enforcer.audit()[before:][0]
@@ -607,6 +608,7 @@ def test_status_writes_and_unrelated_objects_are_never_blocked(
             metadata=k8s.V1ObjectMeta(name="cm", annotations={A.hold_instance: "garbage"})
         ),
     )
+    assert cm.metadata is not None and cm.metadata.annotations is not None
     assert cm.metadata.annotations[A.hold_instance] == "garbage"
     labelled = patch(
         editor_client, TRAINJOB.kind, ns, name, {"metadata": {"labels": {"x": "y"}}}, MERGE

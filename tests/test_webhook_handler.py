@@ -188,8 +188,8 @@ GOOD = review(old=trainjob(), new=trainjob())
 
 
 def mutate(path: list[str], value: Any) -> dict[str, Any]:
-    doc = json.loads(json.dumps(GOOD))
-    target = doc
+    doc: dict[str, Any] = json.loads(json.dumps(GOOD))
+    target: Any = doc
     for key in path[:-1]:
         target = target[key]
     if value is KeyError:

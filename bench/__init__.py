@@ -1,0 +1,1 @@
+"""Benchmark scripts (run them directly; they print numbers, they are not tests)."""
