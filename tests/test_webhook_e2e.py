@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -233,7 +233,7 @@ def patch(
     result: Any = method(
         coords.group, coords.version, namespace, coords.plural, name, body, **extra
     )
-    return dict(result)
+    return cast(dict[str, Any], result)
 
 
 def replace(api: k8s.ApiClient, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
@@ -243,7 +243,7 @@ def replace(api: k8s.ApiClient, obj: dict[str, Any], *, dry_run: bool = False) -
     result: Any = custom(api).replace_namespaced_custom_object(
         coords.group, coords.version, meta["namespace"], coords.plural, meta["name"], obj, **extra
     )
-    return dict(result)
+    return cast(dict[str, Any], result)
 
 
 def refused(write: Callable[[], object], rule: str) -> str:
