@@ -657,3 +657,23 @@ def test_health_readiness_and_metrics(enforcer: Enforcer) -> None:
         'decision="denied",operation="CREATE",resource="trainjobs",rule="held-trainjob-suspended"'
         in text
     )
+
+
+def test_adapter_preflight_detects_the_real_enforcer(
+    enforcer: Enforcer, cluster: LocalCluster, namespace: str
+) -> None:
+    """Preflight's dry-run probe is refused by this webhook where it is registered, and
+    reported as not installed where it is not (a namespace outside its selector)."""
+    from adapter import Adapter, Config
+    from holdwarden.localcluster import SUPERVISOR_IDENTITY
+
+    guarded = enforcer.namespace()
+    with cluster.api_client(SUPERVISOR_IDENTITY) as api:
+        adapter = Adapter(Config(mode="kueue"), api)
+        inside = adapter.preflight(guarded)
+        outside = adapter.preflight(namespace)
+    assert inside.enforcer_installed.supported, inside.enforcer_installed.reason
+    assert not outside.enforcer_installed.supported, outside.enforcer_installed.reason
+    probes = [line for line in enforcer.audit() if line["namespace"] == guarded]
+    assert probes and all(line["dryRun"] is True for line in probes)
+    assert {line["rule"] for line in probes} == {"held-trainjob-suspended"}
