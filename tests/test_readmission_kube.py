@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
+from adapter import Adapter, CallMeta, Ref
+from certs.bundle import write_cert_dir
+from certs.generate import generate_ca, generate_serving
 from holdwarden.config import Config, ReadmissionConfig
 from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from tests.actors import KueueActor, TrainerActor
 from tests.k8s_objects import trainjob_body, workload_body
 from webhook.readmission import granted_attempt
 from webhook.readmission_controller import (
@@ -227,8 +236,6 @@ def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(
     the AdmissionCheck, Trainer (an actor) deletes pods 2 s after a suspend, and the
     supervisor holds and at once releases through the adapter. The job must stay suspended
     until the held execution's pods are gone, then run again with A raised by one."""
-    from adapter import Adapter, CallMeta, Ref
-    from tests.actors import KueueActor, TrainerActor
 
     gate = _gate(cluster, check_name)
     gate.start()
@@ -289,3 +296,61 @@ def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(
     finally:
         gate.stop()
     assert gate.errors == 0
+
+
+def test_holdwarden_serve_runs_the_gate_when_enabled(
+    cluster: LocalCluster, objects: Objects, check_name: str, tmp_path: Any
+) -> None:
+    """`holdwarden serve` with readmission.enabled runs the gate beside the enforcer, with
+    the kubeconfig's credentials outside a cluster."""
+
+    ca = generate_ca()
+    write_cert_dir(
+        tmp_path / "tls", ca, generate_serving(ca, "hw", "ns", ip_addresses=["127.0.0.1"])
+    )
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    config = {
+        "webhook": {
+            "listenAddress": f"127.0.0.1:{ports[0]}",
+            "metricsAddress": f"127.0.0.1:{ports[1]}",
+            "certDir": str(tmp_path / "tls"),
+            "auditLog": str(tmp_path / "audit.jsonl"),
+        },
+        "readmission": {
+            "enabled": True,
+            "controllerName": f"holdwarden.io/{check_name}",
+            "interval": "100ms",
+        },
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    objects.annotate_trainjob(NOTES.opened, "2026-12-02T12:00:00Z")
+    objects.kueue_sets_check(check_name, "Pending")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "holdwarden.cli",
+            "serve",
+            "--config",
+            str(tmp_path / "config.yaml"),
+        ],
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while objects.check(check_name)["state"] != "Ready":
+            assert server.poll() is None, server.communicate()[0].decode()[-3000:]
+            assert time.monotonic() < deadline, "serve's gate never marked the check Ready"
+            time.sleep(0.1)
+        assert granted_attempt(objects.check(check_name)["message"]) == 1
+    finally:
+        server.terminate()
+        output = server.communicate(timeout=15)[0].decode()
+    assert server.returncode == 0, output[-3000:]
+    assert "readmission gate started" in output
