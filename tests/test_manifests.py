@@ -107,7 +107,7 @@ def test_webhook_configuration_matches_the_contract() -> None:
     }
     for rule in hook["rules"]:
         assert len(rule["apiGroups"]) == len(rule["apiVersions"]) == len(rule["resources"]) == 1
-        # CREATE and UPDATE (docs/HELPERS.md); never the status subresource, never DELETE.
+        # CREATE and UPDATE (docs/enforcer.md); never the status subresource, never DELETE.
         assert rule["operations"] == ["CREATE", "UPDATE"]
         assert all("/" not in r and "*" not in r for r in rule["resources"])
         assert rule["scope"] == "Namespaced"

@@ -8,7 +8,7 @@ Which requests are judged (``judged``):
     ``kueue.x-k8s.io`` (any version: the fields the rules read are the same in every
     served version);
   - with an empty sub-resource (``status`` writes cannot change metadata or spec);
-  - operation CREATE or UPDATE. The lead engineer's decision (docs/HELPERS.md): CREATE is
+  - operation CREATE or UPDATE (docs/enforcer.md, "What is judged"). CREATE is
     judged too, because an object that is created held-but-running breaks the invariant
     just as an update does, and the adapter's preflight probes the enforcer with a dry-run
     CREATE. On CREATE there is no old object, so only the rules that look at the new object
