@@ -21,6 +21,9 @@ from webhook.samples import review, trainjob, workload
 from webhook.server import State, build_app, build_metrics_app
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "admissionreview"
+# The captures live beside the repository (../shared), not in it; CI has them. A clone
+# without them gets one explicitly skipped case saying so, not a silent empty set.
+SAMPLE_NAMES = sorted(p.name for p in SAMPLES.glob("*.json")) or ["<no captures beside clone>"]
 MAX_BODY = 64 * 1024
 CONFIG = Config(webhook=WebhookConfig(max_body_bytes=MAX_BODY))
 
@@ -71,8 +74,10 @@ def assert_envelope(body: dict[str, Any], uid: str) -> dict[str, Any]:
 # --- real captures ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.json")))
+@pytest.mark.parametrize("sample", SAMPLE_NAMES)
 async def test_real_captures_are_allowed_with_uid_echoed(hook: Harness, sample: str) -> None:
+    if not SAMPLES.is_dir():
+        pytest.skip(f"{SAMPLES} is absent: the real captures are not beside this clone")
     raw = (SAMPLES / sample).read_bytes()
     uid = json.loads(raw)["request"]["uid"]
     status, body = await hook.post(raw, headers={"Content-Type": "application/json"})
