@@ -19,6 +19,7 @@ from typing import Any
 from adapter.errors import AdapterError, Unsupported
 from adapter.kube import Adapter
 from adapter.types import CallMeta, Observation, PreflightResult, Ref
+from holdwarden import kubeclient
 from holdwarden.config import Config, ConfigError, parse_duration
 
 USAGE_ERROR = 2
@@ -92,11 +93,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def _adapter(args: argparse.Namespace) -> Adapter:
     """Build the adapter; raises ConfigError (or the kube config loader's errors)."""
     config = Config.from_file(args.config) if args.config else Config()
-    api = None
-    if args.kubeconfig:
-        from kubernetes import config as kube_config
-
-        api = kube_config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    api = kubeclient.api_client(args.kubeconfig) if args.kubeconfig else None
     return Adapter(config, api)
 
 

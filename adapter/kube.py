@@ -43,6 +43,7 @@ from adapter.errors import (
     Unsupported,
 )
 from adapter.types import CallMeta, Capability, Observation, PreflightResult, Ref
+from holdwarden import kubeclient
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     JOB_UID_LABEL,
@@ -142,7 +143,7 @@ class Adapter:
         self.config = config
         self.mode: Mode = config.mode
         self.annotations = Annotations(config.annotation_prefix)
-        self._api = api_client if api_client is not None else _default_client()
+        self._api = api_client if api_client is not None else kubeclient.api_client()
         _disable_transport_retries(self._api)
         self._custom = k8s.CustomObjectsApi(self._api)
         self._core = k8s.CoreV1Api(self._api)
@@ -693,17 +694,6 @@ class Adapter:
         return Capability(
             False, "a TrainJob held while unsuspended was accepted: no enforcer is installed"
         )
-
-
-def _default_client() -> k8s.ApiClient:
-    from kubernetes import config as kube_config
-
-    try:
-        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return k8s.ApiClient()
-    except kube_config.ConfigException:
-        api: k8s.ApiClient = kube_config.new_client_from_config()  # type: ignore[no-untyped-call]
-        return api
 
 
 def _disable_transport_retries(api: k8s.ApiClient) -> None:

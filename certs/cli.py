@@ -244,6 +244,7 @@ def _inject(args: argparse.Namespace) -> int:
     from kubernetes.config.config_exception import ConfigException
 
     from certs.inject import InjectError, inject_ca_bundle
+    from holdwarden import kubeclient
 
     try:
         bundle = Path(args.ca_bundle).read_bytes()
@@ -259,7 +260,7 @@ def _inject(args: argparse.Namespace) -> int:
         _error(args, f"--ca-bundle {args.ca_bundle} holds no PEM certificate")
         return 2
     try:
-        api_client = _api_client(args.kubeconfig, args.context)
+        api_client = kubeclient.api_client(args.kubeconfig, args.context)
     except (ConfigException, OSError) as exc:
         _error(args, f"no usable Kubernetes configuration: {exc}")
         return 2
@@ -274,25 +275,6 @@ def _inject(args: argparse.Namespace) -> int:
         f"with {len(certs)} CA certificate(s)"
     )
     return 0
-
-
-def _api_client(kubeconfig: str | None, context: str | None) -> Any:
-    from kubernetes import client as k8s
-    from kubernetes import config
-    from kubernetes.config.config_exception import ConfigException
-
-    # The kubernetes package is untyped; treat its config loaders as such.
-    kconfig: Any = config
-
-    if kubeconfig is None and context is None:
-        configuration = k8s.Configuration()
-        try:
-            kconfig.load_incluster_config(client_configuration=configuration)
-        except ConfigException:
-            pass
-        else:
-            return k8s.ApiClient(configuration)
-    return kconfig.new_client_from_config(config_file=kubeconfig, context=context)
 
 
 def _rotate(args: argparse.Namespace) -> int:

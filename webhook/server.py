@@ -435,16 +435,10 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
 def _start_readmission_gate(config: Config) -> Any:
     if not config.readmission.enabled:
         return None
-    from kubernetes import client as k8s
-    from kubernetes import config as kube_config
-
+    from holdwarden.kubeclient import api_client
     from webhook.readmission_controller import ReadmissionGate
 
-    try:
-        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except kube_config.ConfigException:
-        kube_config.load_kube_config()  # type: ignore[no-untyped-call]
-    gate = ReadmissionGate(config, k8s.ApiClient())
+    gate = ReadmissionGate(config, api_client())
     gate.start()
     log.info(
         "readmission gate started", extra={"fields": {"interval": str(config.readmission.interval)}}
