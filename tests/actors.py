@@ -206,18 +206,14 @@ class _ObjectIO:
         return list(listed.items)
 
 
-class _Actor:
-    """One background thread running ``_tick`` every ``interval`` seconds."""
+class _Background:
+    """A context manager that starts on entry and stops on exit, re-raising thread errors."""
 
-    name = "actor"
+    def start(self) -> None:
+        raise NotImplementedError
 
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._errors: list[str] = []
-        self._errors_lock = threading.Lock()
-        self.ticks = 0
+    def stop(self) -> None:
+        raise NotImplementedError
 
     def __enter__(self) -> Self:
         self.start()
@@ -235,6 +231,20 @@ class _Actor:
         except ActorError:
             if exc is None:
                 raise
+
+
+class _Actor(_Background):
+    """One background thread running ``_tick`` every ``interval`` seconds."""
+
+    name = "actor"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._errors: list[str] = []
+        self._errors_lock = threading.Lock()
+        self.ticks = 0
 
     def start(self) -> None:
         if self._thread is not None:
@@ -798,7 +808,7 @@ _KINDS: dict[str, str] = {
 }
 
 
-class Watcher:
+class Watcher(_Background):
     """Records every committed change of TrainJobs, Workloads and pods in a namespace.
 
     One thread per kind: a list (its items become ADDED events), then watches resumed from
@@ -817,22 +827,6 @@ class Watcher:
         self._threads: list[threading.Thread] = []
         self._errors: list[str] = []
         self.last_rv: dict[str, int] = {}
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.stop()
-        except ActorError:
-            if exc is None:
-                raise
 
     def start(self) -> None:
         for kind in _KINDS:
