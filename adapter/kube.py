@@ -537,11 +537,16 @@ class Adapter:
         except k8s.ApiException:
             raise
         except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
-            raise Rejected(
+            message = (
                 f"{req.verb} {req.resource} {req.name}: no answer within"
                 f" {limit.total_seconds():.3f}s (deadline or timeouts.apiserverRequest); a"
                 " write may still land within call_bound"
-            ) from exc
+            )
+            # Cut off by the call's own deadline: the same outcome as a deadline that
+            # passed before sending, so callers (Start's wait) can treat both alike.
+            if deadline is not None and self._clock() >= deadline:
+                raise DeadlinePassed(message) from exc
+            raise Rejected(message) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise AdapterError(
                 f"{req.verb} {req.resource}: cannot reach the API server: {exc}"
