@@ -7,8 +7,12 @@ it never skips them.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -26,6 +30,57 @@ TEST_NAMESPACE_LABEL = "holdwarden-test"
 
 
 _STARTED: list[LocalCluster] = []
+
+# pytest-timeout's default (pyproject: 300 s, thread method) is the last resort: it ends the
+# whole run with every thread's stack. An asyncio test is bounded first, inside its own
+# event loop, because pytest-timeout's signal method raises inside an event-loop callback
+# where asyncio swallows it. The asyncio budget is a little shorter, so it fires first and
+# fails only the one test.
+DEFAULT_TEST_TIMEOUT = 300.0
+ASYNC_BUDGET_MARGIN = 20.0
+
+
+def asyncio_budget(item: pytest.Item) -> float:
+    """Seconds an asyncio test may run: its pytest-timeout less a margin, at least 1 s."""
+    marker = item.get_closest_marker("timeout")
+    configured = item.config.getini("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(configured or 0)
+    limit = limit or DEFAULT_TEST_TIMEOUT
+    return max(1.0, min(limit - ASYNC_BUDGET_MARGIN, limit * 0.9))
+
+
+def bounded_coroutine(
+    test: Callable[..., Awaitable[Any]], seconds: float, name: str
+) -> Callable[..., Awaitable[Any]]:
+    """``test`` run under ``asyncio.timeout(seconds)``; running out fails with its name.
+
+    The wrapper keeps ``test``'s signature (functools.wraps), so fixtures resolve as before.
+    """
+
+    @functools.wraps(test)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            async with asyncio.timeout(seconds) as budget:
+                return await test(*args, **kwargs)
+        except TimeoutError:
+            if budget.expired():
+                pytest.fail(f"{name} did not finish within its asyncio budget of {seconds:.0f}s")
+            raise
+
+    return run
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Bound every asyncio test (and each example of an asyncio Hypothesis test)."""
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        budget = asyncio_budget(item)
+        inner = getattr(getattr(item.obj, "hypothesis", None), "inner_test", None)
+        if inspect.iscoroutinefunction(item.obj):
+            item.obj = bounded_coroutine(item.obj, budget, item.nodeid)
+        elif inner is not None and inspect.iscoroutinefunction(inner):
+            item.obj.hypothesis.inner_test = bounded_coroutine(inner, budget, item.nodeid)
 
 
 @pytest.fixture(scope="session")

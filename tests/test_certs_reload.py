@@ -29,6 +29,8 @@ from certs.rotate import prune, renew_serving, rotate, rotate_ca
 SERVICE, NAMESPACE = "hw", "ns"
 WATCH_INTERVAL = 0.02
 CLIENTS = 4
+REQUEST_BUDGET = 10.0  # seconds for one request, connect to close
+STOP_BUDGET = 15.0  # seconds for the clients and the watcher to stop
 
 
 @dataclass
@@ -40,27 +42,31 @@ class Load:
     counts: list[int] = field(default_factory=lambda: [0] * CLIENTS)
     failures: list[str] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)  # served fingerprints, in order
+    # The clients stop on this flag, not on cancellation alone: a cancel that lands inside
+    # a library call (wait_for racing a finished read, an SSL shutdown) can be swallowed,
+    # and a client that loops on after it would keep the test alive for ever.
+    stopping: bool = False
 
     async def request(self) -> str:
         context = ssl.create_default_context(cafile=str(self.trust))
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", self.port, ssl=context), timeout=5
-        )
-        try:
-            der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
-            writer.write(b"GET /ping HTTP/1.1\r\nHost: hw\r\nConnection: close\r\n\r\n")
-            await writer.drain()
-            answer = await asyncio.wait_for(reader.read(), timeout=5)
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), timeout=1)
+        # One budget for the whole request, drain and close included.
+        async with asyncio.timeout(REQUEST_BUDGET):
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port, ssl=context)
+            try:
+                der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+                writer.write(b"GET /ping HTTP/1.1\r\nHost: hw\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                answer = await reader.read()
+            finally:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(writer.wait_closed(), timeout=1)
         if not (answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"pong")):
             raise AssertionError(f"unexpected answer {answer[:80]!r}")
         return hashlib.sha256(der).hexdigest()
 
     async def client(self, index: int) -> None:
-        while True:
+        while not self.stopping:
             try:
                 served = await self.request()
             except asyncio.CancelledError:
@@ -119,10 +125,18 @@ async def serving(tls: ReloadingTLS, trust: Path) -> AsyncIterator[Load]:
         await load.progress(3)
         yield load
     finally:
-        for task in [*clients, watcher]:
+        load.stopping = True
+        watcher.cancel()
+        # Bounded: a client finishes its request (at most REQUEST_BUDGET) and sees the flag.
+        _, pending = await asyncio.wait([*clients, watcher], timeout=STOP_BUDGET)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*clients, watcher, return_exceptions=True)
-        await runner.cleanup()
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=2)
+            load.failures.append(
+                f"{len(pending)} task(s) did not stop, {len(still)} ignored cancel"
+            )
+        await asyncio.wait_for(runner.cleanup(), timeout=STOP_BUDGET)
 
 
 def new_cert_dir(path: Path) -> None:

@@ -8,7 +8,10 @@ real upstream CRDs when they are available.
 Invariants:
 - ``start()`` either returns with the API server ready and every CRD Established, or
   raises ``ControlPlaneError`` with the server's own log tail; it never leaves a process
-  behind (children also die with their parent, via PR_SET_PDEATHSIG).
+  behind.
+- A killed owner (``kill -9``, a CI time limit, Ctrl-C) leaves nothing behind either: the
+  children get SIGKILL from the kernel (PR_SET_PDEATHSIG) and from a reaper process
+  (``reaper.py``), which also removes the working directory in ``/dev/shm``.
 - ``stop()`` ends both processes and removes the working directory; it is idempotent.
 """
 
@@ -41,6 +44,7 @@ from kubernetes import client as k8s
 from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
 from holdwarden.localcluster.binaries import Binaries, ensure_binaries
 from holdwarden.localcluster.rbac import IDENTITY_RBAC
+from holdwarden.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
 
 REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
@@ -89,10 +93,12 @@ def _free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG = 1: the kernel sends SIGTERM to the child when the parent dies,
-    # so a killed test run or demo leaves no etcd or kube-apiserver behind.
+    # PR_SET_PDEATHSIG = 1: the kernel signals the child when the parent dies. SIGKILL, not
+    # SIGTERM: etcd and kube-apiserver get it at the same moment, and a SIGTERMed apiserver
+    # starts a graceful shutdown that waits for the dead etcd and never ends. Test data
+    # wants no graceful shutdown.
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     os.setpgrp()
 
 
@@ -111,6 +117,7 @@ class LocalCluster:
         self._workdir: Path | None = None
         self._owns_workdir = False
         self._processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._reaper: Reaper | None = None
         self.crd_kind = ""
         self.server_url = ""
         self.request_timeout = REQUEST_TIMEOUT
@@ -154,8 +161,12 @@ class LocalCluster:
             # after a crash survives a reboot.
             shm = Path("/dev/shm")
             parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-            self._workdir = Path(tempfile.mkdtemp(prefix="holdwarden-cp-", dir=parent))
+            if parent is not None:
+                sweep_stale(parent)  # left by a run whose reaper was killed too
+            self._workdir = Path(tempfile.mkdtemp(prefix=STALE_PREFIX, dir=parent))
             self._owns_workdir = True
+            (self._workdir / OWNER_FILE).write_text(f"{os.getpid()}\n")
+        self._reaper = Reaper(self._workdir, remove_dir=self._owns_workdir)
         try:
             self._phase("credentials", self._write_credentials)
             self._phase("etcd", lambda: self._start_etcd(binaries.etcd))
@@ -189,6 +200,9 @@ class LocalCluster:
         if self._owns_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        if self._reaper is not None:
+            self._reaper.dismiss()
+            self._reaper = None
 
     # -- clients -------------------------------------------------------------------
 
@@ -271,6 +285,8 @@ class LocalCluster:
         )
         log.close()
         self._processes.append((name, process))
+        if self._reaper is not None:
+            self._reaper.announce(process.pid)
         return process
 
     def _start_etcd(self, etcd: Path) -> None:
