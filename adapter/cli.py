@@ -115,6 +115,11 @@ def _print_observation(obs: Observation, as_json: bool) -> None:
     for key, value in obs.to_dict().items():
         if key not in ("ref", "state") and value is not None:
             print(f"  {key}: {value}")
+    if obs.leftover_pods:
+        print(
+            f"warning: {len(obs.leftover_pods)} pod(s) of a previous execution remain: "
+            f"{', '.join(obs.leftover_pods)}"
+        )
 
 
 def _run_call(args: argparse.Namespace) -> int:
@@ -150,6 +155,9 @@ def _print_preflight(result: PreflightResult, as_json: bool) -> None:
     print(f"mode {result.mode}, namespace {result.namespace}")
     for name, cap in result.capabilities().items():
         print(f"  {name:<18} {'yes' if cap.supported else 'NO ':<4} {cap.reason}")
+    gate = result.extra.get("readmissionGate")
+    if gate is not None and not gate.supported:
+        print(f"warning: readmission gate: {gate.reason}")
     if result.hold_supported:
         print("hold: supported")
     else:

@@ -423,6 +423,47 @@ def classify(
     return Observation(state=State.WAITING_FOR_ADMISSION, **common)
 
 
+# States in which no execution should be running: every pod is a previous execution's.
+_STOPPED_STATES = frozenset(
+    {
+        State.HELD,
+        State.DEACTIVATED_BY_KUEUE,
+        State.DEACTIVATED_BY_OTHER,
+        State.AT_START_GATE,
+        State.WAITING_FOR_ADMISSION,
+    }
+)
+_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def leftover_pods(state: State, pods: list[Obj]) -> tuple[str, ...]:
+    """Names of the pods that belong to no current execution, given the observed state.
+
+    ``pods`` are ``{"name", "deleting", "phase"}`` views of the TrainJob's pods. Stopped: all
+    of them (the readmission gate waits for exactly these). Running: those being deleted,
+    which are a previous execution still terminating beside the current one. Ended: those
+    not finished. The result is sorted, so equal facts give equal observations.
+    """
+    if state in _STOPPED_STATES:
+        chosen = pods
+    elif state is State.RUNNING:
+        chosen = [pod for pod in pods if pod.get("deleting")]
+    else:
+        chosen = [pod for pod in pods if pod.get("phase") not in _FINISHED_PHASES]
+    return tuple(sorted(str(pod.get("name")) for pod in chosen))
+
+
+def cluster_queue_admission_checks(cluster_queue: Obj) -> list[str]:
+    """The AdmissionCheck names a ClusterQueue applies (v1beta2 ``admissionChecksStrategy``,
+    and v1beta1's ``admissionChecks`` list if an older served version answered)."""
+    spec = cluster_queue.get("spec") or {}
+    names = [str(name) for name in spec.get("admissionChecks") or [] if name]
+    for entry in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or []:
+        if isinstance(entry, dict) and entry.get("name"):
+            names.append(str(entry["name"]))
+    return sorted(set(names))
+
+
 def validate_start_body(trainjob: object, *, mode: Mode, annotations: Annotations) -> Obj:
     """Check a TrainJob body for Start; return the body to create (a copy).
 

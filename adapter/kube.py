@@ -46,8 +46,13 @@ from adapter.types import CallMeta, Capability, Observation, PreflightResult, Re
 from holdwarden import kubeclient
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
+    ADMISSIONCHECK,
+    CLUSTERQUEUE,
+    CLUSTERTRAININGRUNTIME,
     JOB_UID_LABEL,
     JOBSET_NAME_LABEL,
+    LOCALQUEUE,
+    TRAININGRUNTIME,
     TRAINJOB,
     WORKLOAD,
     Annotations,
@@ -309,8 +314,14 @@ class Adapter:
         workload: Obj | None = None
         if self.mode == "kueue":
             workload = self._workload_for(ref, trainjob, None)
-        return decisions.classify(
+        observation = decisions.classify(
             trainjob, workload, mode=self.mode, annotations=self.annotations, ref=ref
+        )
+        pods, pods_error = self._list_pods(ref)
+        return replace(
+            observation,
+            leftover_pods=decisions.leftover_pods(observation.state, pods),
+            pods_error=pods_error,
         )
 
     def preflight(self, namespace: str = "default") -> PreflightResult:
@@ -441,6 +452,32 @@ class Adapter:
             if ref.namespace == namespace and cached == name:
                 self._workloads.pop(ref, None)
 
+    def _list_pods(self, ref: Ref) -> tuple[list[Obj], str | None]:
+        """The TrainJob's pods, as plain dicts, or the reason they could not be listed.
+
+        Observe reports, it does not fail: a supervisor without ``list pods`` still gets
+        the state, and the reason the pod facts are missing.
+        """
+        req = Request("list", "pods", ref.namespace)
+        try:
+            pods = self._send(
+                req,
+                None,
+                self._core.list_namespaced_pod,
+                ref.namespace,
+                label_selector=f"{JOBSET_NAME_LABEL}={ref.name}",
+            )
+        except k8s.ApiException as exc:
+            return [], f"could not list the pods of {ref}: {_api_message(exc)}"
+        return [
+            {
+                "name": pod.metadata.name,
+                "deleting": pod.metadata.deletion_timestamp is not None,
+                "phase": pod.status.phase if pod.status is not None else None,
+            }
+            for pod in pods.items
+        ], None
+
     def _pods_remain(self, ref: Ref, deadline: datetime) -> bool:
         req = Request("list", "pods", ref.namespace)
         try:
@@ -555,10 +592,14 @@ class Adapter:
     # ---- preflight -------------------------------------------------------------------
 
     def _run_preflight(self, namespace: str, deadline: datetime | None) -> PreflightResult:
+        runtime_ref = self._probe_runtime_ref(namespace, deadline)
+        extra: dict[str, Capability] = {}
+        if self.mode == "kueue":
+            extra["readmissionGate"] = self._probe_readmission_gate(namespace, deadline)
         return PreflightResult(
             mode=self.mode,
             namespace=namespace,
-            hold_round_trip=self._probe_round_trip(namespace, deadline),
+            hold_round_trip=self._probe_round_trip(namespace, deadline, runtime_ref),
             update_workloads=self._probe_access(
                 namespace, "update", WORKLOAD.group, WORKLOAD.plural, deadline
             ),
@@ -566,7 +607,126 @@ class Adapter:
                 namespace, "update", TRAINJOB.group, TRAINJOB.plural, deadline
             ),
             list_pods=self._probe_access(namespace, "list", "", "pods", deadline),
-            enforcer_installed=self._probe_enforcer(namespace, deadline),
+            enforcer_installed=self._probe_enforcer(namespace, deadline, runtime_ref),
+            extra=extra,
+        )
+
+    def _list(
+        self, resource: Resource, namespace: str | None, deadline: datetime | None, limit: int
+    ) -> list[Obj]:
+        """LIST a custom resource (cluster-scoped when ``namespace`` is None)."""
+        req = Request("list", resource.plural, namespace or "")
+        if namespace is None:
+            answer = self._send(
+                req,
+                deadline,
+                self._custom.list_cluster_custom_object,
+                resource.group,
+                resource.version,
+                resource.plural,
+                limit=limit,
+            )
+        else:
+            answer = self._send(
+                req,
+                deadline,
+                self._custom.list_namespaced_custom_object,
+                *self._coords(resource, namespace),
+                limit=limit,
+            )
+        items: list[Obj] = answer.get("items") or []
+        return items
+
+    def _get_cluster(self, resource: Resource, name: str, deadline: datetime | None) -> Obj:
+        req = Request("get", resource.plural, "", name)
+        obj: Obj = self._send(
+            req,
+            deadline,
+            self._custom.get_cluster_custom_object,
+            resource.group,
+            resource.version,
+            resource.plural,
+            name,
+        )
+        return obj
+
+    def _probe_runtime_ref(self, namespace: str, deadline: datetime | None) -> Obj:
+        """A ``spec.runtimeRef`` that Trainer's and Kueue's TrainJob webhooks accept.
+
+        Both resolve the runtime a TrainJob names and refuse a create naming one that does
+        not exist ("runtime not found"). Validating webhooks run in parallel and Kubernetes
+        does not say whose refusal is reported, so a probe naming a made-up runtime may be
+        refused by Trainer before the hold rules are even looked at. The probe therefore
+        names a runtime that exists: a TrainingRuntime of the namespace, else a
+        ClusterTrainingRuntime. With no Trainer installed (no such resources, or no right
+        to list them), a placeholder is named: then nothing resolves it either.
+        """
+        for resource, scope in (
+            (TRAININGRUNTIME, namespace),
+            (CLUSTERTRAININGRUNTIME, None),
+        ):
+            try:
+                items = self._list(resource, scope, deadline, limit=1)
+            except k8s.ApiException:
+                continue
+            if items:
+                name = (items[0].get("metadata") or {}).get("name")
+                if name:
+                    return {"name": name, "apiGroup": resource.group, "kind": resource.kind}
+        return {"name": PROBE_RUNTIME_PLACEHOLDER}
+
+    def _probe_readmission_gate(self, namespace: str, deadline: datetime | None) -> Capability:
+        """Kueue mode: do the namespace's queues re-admit only through the readmission gate?
+
+        Without it, a Release lets Kueue re-admit while pods of the held execution still
+        terminate (two executions at once), and a job runs without any Open. Hold still
+        works, so this is reported, not made a condition of Hold (the spec fixes those).
+        """
+        controller = self.config.readmission.controller_name
+        try:
+            queues = self._list(LOCALQUEUE, namespace, deadline, limit=100)
+        except k8s.ApiException as exc:
+            return Capability(
+                False, f"could not list LocalQueues in {namespace}: {_api_message(exc)}"
+            )
+        if not queues:
+            return Capability(
+                False,
+                f"no LocalQueue in {namespace}: no job here can be admitted by Kueue, and none "
+                f"is gated by {controller}",
+            )
+        gated_checks: dict[str, bool] = {}
+        ungated: list[str] = []
+        for queue in queues:
+            lq = (queue.get("metadata") or {}).get("name", "?")
+            cq = (queue.get("spec") or {}).get("clusterQueue", "")
+            try:
+                names = decisions.cluster_queue_admission_checks(
+                    self._get_cluster(CLUSTERQUEUE, cq, deadline)
+                )
+                for check in names:
+                    if check not in gated_checks:
+                        spec = self._get_cluster(ADMISSIONCHECK, check, deadline).get("spec")
+                        gated_checks[check] = (spec or {}).get("controllerName") == controller
+            except k8s.ApiException as exc:
+                return Capability(
+                    False,
+                    f"could not read ClusterQueue {cq!r} of LocalQueue {namespace}/{lq} or its "
+                    f"AdmissionChecks: {_api_message(exc)}; grant get on clusterqueues and "
+                    "admissionchecks, or check the queue by hand",
+                )
+            if not any(gated_checks.get(check) for check in names):
+                ungated.append(f"LocalQueue {namespace}/{lq} (ClusterQueue {cq})")
+        if ungated:
+            return Capability(
+                False,
+                f"{', '.join(ungated)} lists no AdmissionCheck with controllerName {controller}: "
+                "a Release there lets Kueue re-admit while pods of the held execution remain, "
+                "and jobs run without Open; add the readmission AdmissionCheck to the "
+                "ClusterQueue's spec.admissionChecksStrategy (manifests/readmission)",
+            )
+        return Capability(
+            True, f"every LocalQueue in {namespace} re-admits only through {controller}"
         )
 
     def _probe_access(
@@ -596,7 +756,7 @@ class Adapter:
     def _preflight_name(self) -> str:
         return f"holdwarden-preflight-{secrets.token_hex(4)}"
 
-    def _held_probe_body(self, namespace: str) -> tuple[Resource, Obj]:
+    def _held_probe_body(self, namespace: str, runtime_ref: Obj) -> tuple[Resource, Obj]:
         ann = self.annotations
         annotations = {
             ann.hold_instance: "1",
@@ -630,12 +790,14 @@ class Adapter:
             "apiVersion": TRAINJOB.api_version,
             "kind": TRAINJOB.kind,
             "metadata": meta,
-            "spec": {"runtimeRef": {"name": "holdwarden-preflight"}, "suspend": True},
+            "spec": {"runtimeRef": dict(runtime_ref), "suspend": True},
         }
 
-    def _probe_round_trip(self, namespace: str, deadline: datetime | None) -> Capability:
+    def _probe_round_trip(
+        self, namespace: str, deadline: datetime | None, runtime_ref: Obj
+    ) -> Capability:
         """Server-side dry-run create of a correctly held object; the echo must keep it."""
-        resource, body = self._held_probe_body(namespace)
+        resource, body = self._held_probe_body(namespace, runtime_ref)
         req = Request("dry-run-create", resource.plural, namespace, body["metadata"]["name"])
         try:
             echo = self._send(
@@ -649,7 +811,9 @@ class Adapter:
             )
         except k8s.ApiException as exc:
             return Capability(
-                False, f"dry-run create of a held {resource.kind} failed: {_api_message(exc)}"
+                False,
+                f"dry-run create of a held {resource.kind} failed: {_api_message(exc)}"
+                + _not_ours_hint(exc, self.annotations),
             )
         want = decisions.annotations_of(body)
         got = decisions.annotations_of(echo)
@@ -663,28 +827,33 @@ class Adapter:
             )
         return Capability(True, f"a held {resource.kind} round-trips (server-side dry run)")
 
-    def _probe_enforcer(self, namespace: str, deadline: datetime | None) -> Capability:
-        """Dry-run create of a TrainJob carrying a hold instance while unsuspended: the
-        enforcer must refuse it by rule held-trainjob-suspended."""
-        name = self._preflight_name()
-        body: Obj = {
-            "apiVersion": TRAINJOB.api_version,
-            "kind": TRAINJOB.kind,
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "annotations": {self.annotations.hold_instance: "1"},
-            },
-            "spec": {"runtimeRef": {"name": "holdwarden-preflight"}, "suspend": False},
-        }
-        rule = RuleId.HELD_TRAINJOB_SUSPENDED.value
-        req = Request("dry-run-create", TRAINJOB.plural, namespace, name)
+    def _probe_enforcer(
+        self, namespace: str, deadline: datetime | None, runtime_ref: Obj
+    ) -> Capability:
+        """Dry-run create of the held object carrying a hold instance without its hold
+        field: the enforcer must refuse it, by held-workload-inactive in Kueue mode (a
+        Workload, active) or held-trainjob-suspended in plain mode (a TrainJob, unsuspended).
+
+        The probe is the mode's own held kind, built to pass every other admission check
+        (a valid Workload; a TrainJob naming a runtime that exists), so that a refusal by
+        another webhook is unlikely and, when it happens, is reported as such.
+        """
+        resource, body = self._held_probe_body(namespace, runtime_ref)
+        body["metadata"]["annotations"] = {self.annotations.hold_instance: "1"}
+        if resource is WORKLOAD:
+            body["spec"]["active"] = True
+            rule = RuleId.HELD_WORKLOAD_INACTIVE.value
+        else:
+            body["spec"]["suspend"] = False
+            rule = RuleId.HELD_TRAINJOB_SUSPENDED.value
+        name = body["metadata"]["name"]
+        req = Request("dry-run-create", resource.plural, namespace, name)
         try:
             self._send(
                 req,
                 deadline,
                 self._custom.create_namespaced_custom_object,
-                *self._coords(TRAINJOB, namespace),
+                *self._coords(resource, namespace),
                 body,
                 dry_run="All",
                 field_manager=FIELD_MANAGER,
@@ -694,11 +863,35 @@ class Adapter:
             if rule in message or rule in (exc.body or ""):
                 return Capability(True, f"the enforcer refused a hold-breaking write ({rule})")
             return Capability(
-                False, f"a hold-breaking dry-run write failed, but not by the enforcer: {message}"
+                False,
+                "inconclusive: a hold-breaking dry-run write was refused, but not by the "
+                f"enforcer: {message}" + _not_ours_hint(exc, self.annotations),
             )
         return Capability(
-            False, "a TrainJob held while unsuspended was accepted: no enforcer is installed"
+            False,
+            f"a {resource.kind} carrying a hold instance without its hold field was accepted: "
+            "no enforcer is installed",
         )
+
+
+PROBE_RUNTIME_PLACEHOLDER = "holdwarden-preflight"
+
+
+def _not_ours_hint(exc: k8s.ApiException, annotations: Annotations) -> str:
+    """A hint when a probe was refused by some other admission plugin, not a hold rule.
+
+    Validating webhooks run in parallel; when several refuse, which one's message comes back
+    is not defined. Naming that case tells the operator the probe says nothing about holds.
+    """
+    text = f"{_api_message(exc)} {exc.body or ''}"
+    if any(rule.value in text for rule in RuleId) or exc.status not in (400, 403, 422):
+        return ""
+    if "denied" in text:
+        return (
+            " (refused by another admission check, not by a hold rule: the probe could not "
+            "reach the hold check; see that check's message above)"
+        )
+    return ""
 
 
 def _disable_transport_retries(api: k8s.ApiClient) -> None:

@@ -102,6 +102,12 @@ class Observation:
     """The TrainJob's spec.suspend as read."""
     workload: str | None = None
     """Kueue mode: the Workload's name, or None when it has none yet."""
+    leftover_pods: tuple[str, ...] = ()
+    """Pods that belong to no current execution: every pod while the job is stopped
+    (held, deactivated, suspended), pods being deleted while it runs (a previous execution
+    still terminating), pods not finished after it ended. Sorted names."""
+    pods_error: str | None = None
+    """Why the pods could not be listed (then ``leftover_pods`` says nothing)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,6 +125,8 @@ class Observation:
             "endedReason": self.ended_reason,
             "suspended": self.suspended,
             "workload": self.workload,
+            "leftoverPods": list(self.leftover_pods),
+            "podsError": self.pods_error,
         }
 
 

@@ -38,6 +38,17 @@ class Resource:
 
 TRAINJOB = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
 WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
+# Read only, by preflight: which queues a namespace's jobs go through, and whether their
+# ClusterQueue runs the readmission gate; which runtimes a probe TrainJob can name.
+LOCALQUEUE = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
+CLUSTERQUEUE = Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue")
+ADMISSIONCHECK = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck")
+TRAININGRUNTIME = Resource(
+    "trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"
+)
+CLUSTERTRAININGRUNTIME = Resource(
+    "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime"
+)
 
 
 @dataclass(frozen=True)

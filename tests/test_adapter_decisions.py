@@ -14,11 +14,13 @@ from adapter.decisions import (
     Decision,
     Outcome,
     classify,
+    cluster_queue_admission_checks,
     decide_hold,
     decide_open,
     decide_release,
     format_time,
     kueue_cause,
+    leftover_pods,
     parse_attempt,
     release_would_unsuspend,
     validate_start_body,
@@ -748,3 +750,81 @@ def test_property_classify_never_calls_an_unannotated_deactivation_a_hold(
     p = classify(trainjob, None, mode="plain", annotations=A, ref=REF)
     if p.state is State.HELD:
         assert _instance_of(trainjob) is not None and trainjob["spec"].get("suspend") is True
+
+
+# -- leftover pods and the gate's AdmissionChecks (pure) --------------------------------
+
+RUNNING_POD = {"name": "b-run", "deleting": False, "phase": "Running"}
+DYING_POD = {"name": "a-dying", "deleting": True, "phase": "Running"}
+DONE_POD = {"name": "c-done", "deleting": False, "phase": "Succeeded"}
+ALL_PODS = [RUNNING_POD, DYING_POD, DONE_POD]
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        pytest.param(State.HELD, ("a-dying", "b-run", "c-done"), id="held-all"),
+        pytest.param(State.DEACTIVATED_BY_KUEUE, ("a-dying", "b-run", "c-done"), id="kueue-all"),
+        pytest.param(State.DEACTIVATED_BY_OTHER, ("a-dying", "b-run", "c-done"), id="other-all"),
+        pytest.param(State.AT_START_GATE, ("a-dying", "b-run", "c-done"), id="gate-all"),
+        pytest.param(State.WAITING_FOR_ADMISSION, ("a-dying", "b-run", "c-done"), id="wait-all"),
+        pytest.param(State.RUNNING, ("a-dying",), id="running-only-deleting"),
+        pytest.param(State.ENDED, ("a-dying", "b-run"), id="ended-only-unfinished"),
+    ],
+)
+def test_leftover_pods_by_state(state: State, expected: tuple[str, ...]) -> None:
+    assert leftover_pods(state, ALL_PODS) == expected
+
+
+_pod_views = st.lists(
+    st.fixed_dictionaries(
+        {
+            "name": st.text("abc", min_size=1, max_size=4),
+            "deleting": st.booleans(),
+            "phase": st.sampled_from(["Pending", "Running", "Succeeded", "Failed", None]),
+        }
+    ),
+    max_size=6,
+)
+
+
+@given(state=st.sampled_from(list(State)), pods=_pod_views)
+@settings(max_examples=300, deadline=None)
+def test_leftover_pods_properties(state: State, pods: list[dict[str, Any]]) -> None:
+    left = leftover_pods(state, pods)
+    assert list(left) == sorted(left)  # deterministic
+    assert set(left) <= {p["name"] for p in pods}
+    assert leftover_pods(state, list(reversed(pods))) == left  # order of the LIST is no fact
+    # A pod being deleted is never part of a current execution (an ended job's finished
+    # pods aside: those are its record, not an execution).
+    finished = ("Succeeded", "Failed")
+    for pod in pods:
+        if pod["deleting"] and not (state is State.ENDED and pod["phase"] in finished):
+            assert pod["name"] in left
+    if state is State.RUNNING:
+        deleting = {p["name"] for p in pods if p["deleting"]}
+        assert set(left) == deleting
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({}, [], id="none"),
+        pytest.param({"admissionChecks": ["a", "b"]}, ["a", "b"], id="v1beta1-list"),
+        pytest.param(
+            {"admissionChecksStrategy": {"admissionChecks": [{"name": "g"}, {"name": "a"}]}},
+            ["a", "g"],
+            id="v1beta2-strategy",
+        ),
+        pytest.param(
+            {
+                "admissionChecks": ["a"],
+                "admissionChecksStrategy": {"admissionChecks": [{"name": "a"}, {}, "junk"]},
+            },
+            ["a"],
+            id="both-deduplicated-and-junk-ignored",
+        ),
+    ],
+)
+def test_cluster_queue_admission_checks(spec: dict[str, Any], expected: list[str]) -> None:
+    assert cluster_queue_admission_checks({"spec": spec}) == expected

@@ -50,6 +50,8 @@ REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
 _CRD_FILES = (
     "trainer.kubeflow.org_trainjobs.yaml",
+    "trainer.kubeflow.org_trainingruntimes.yaml",
+    "trainer.kubeflow.org_clustertrainingruntimes.yaml",
     "kueue.x-k8s.io_workloads.yaml",
     "kueue.x-k8s.io_admissionchecks.yaml",
     "kueue.x-k8s.io_clusterqueues.yaml",
@@ -80,7 +82,7 @@ def find_crd_dir() -> tuple[Path, str]:
         if all((folder / name).is_file() for name in _CRD_FILES):
             return folder, kind
     raise ControlPlaneError(
-        "no CRDs found: expected the six CRD files in $HOLDWARDEN_CRDS, ../shared/crds or "
+        "no CRDs found: expected the CRD files in $HOLDWARDEN_CRDS, ../shared/crds or "
         f"tests/crds (looked in {', '.join(str(c[0]) for c in candidates)})"
     )
 

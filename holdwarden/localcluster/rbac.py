@@ -71,6 +71,10 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
             # create: preflight's hold round trip is a server-side dry-run create.
             Rule((_KUEUE,), ("workloads",), ("get", "list", "watch", "create", "update")),
             Rule(("",), ("pods",), _READ),
+            # Preflight reads: the runtime a probe TrainJob names, and whether the
+            # namespace's queues run the readmission gate.
+            Rule((_TRAINER,), ("trainingruntimes", "clustertrainingruntimes"), ("list",)),
+            Rule((_KUEUE,), ("localqueues", "clusterqueues", "admissionchecks"), ("get", "list")),
         ),
     ),
     IdentityRBAC(
