@@ -30,11 +30,12 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from adapter.types import Observation, Ref, State
+from holdwarden import objects
 from holdwarden.vocabulary import (
     DEACTIVATION_TARGET_CONDITION,
     EVICTED_CONDITION,
@@ -42,15 +43,14 @@ from holdwarden.vocabulary import (
     QUEUE_NAME_LABEL,
     TRAINJOB,
     Annotations,
+    Mode,
     format_hold_instance,
     parse_hold_instance,
 )
 
-Mode = Literal["kueue", "plain"]
 Obj = dict[str, Any]
 
 MAX_REASON_LENGTH = 1024
-_ATTEMPT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _RFC1035_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -89,93 +89,15 @@ ReleaseDecision = Decision
 OpenDecision = Decision
 
 
-# ---- reading an object -------------------------------------------------------------------
-
-
-def annotations_of(obj: Obj) -> dict[str, str]:
-    meta = obj.get("metadata") or {}
-    ann = meta.get("annotations") or {}
-    return {str(k): str(v) for k, v in ann.items()} if isinstance(ann, dict) else {}
-
-
-def hold_instance_raw(obj: Obj, annotations: Annotations) -> str | None:
-    """The hold-instance annotation's text, or None when absent."""
-    return annotations_of(obj).get(annotations.hold_instance)
-
-
-def parse_hold_instance_of(obj: Obj, annotations: Annotations) -> int | None:
-    """The hold instance in force on ``obj``; None when absent or malformed."""
-    return parse_hold_instance(hold_instance_raw(obj, annotations))
-
-
-def conditions_of(obj: Obj) -> list[dict[str, Any]]:
-    status = obj.get("status") or {}
-    conds = status.get("conditions") if isinstance(status, dict) else None
-    return [c for c in conds if isinstance(c, dict)] if isinstance(conds, list) else []
-
-
-def condition(obj: Obj, type_: str) -> dict[str, Any] | None:
-    for cond in conditions_of(obj):
-        if cond.get("type") == type_:
-            return cond
-    return None
-
-
-def condition_true(obj: Obj, type_: str) -> bool:
-    cond = condition(obj, type_)
-    return cond is not None and cond.get("status") == "True"
-
-
-def ended_reason(trainjob: Obj) -> str | None:
-    """``Complete`` or ``Failed`` when that condition is True; None while not ended."""
-    for type_ in ("Complete", "Failed"):
-        if condition_true(trainjob, type_):
-            return type_
-    return None
-
-
-def is_opened(trainjob: Obj, annotations: Annotations) -> bool:
-    return bool(annotations_of(trainjob).get(annotations.opened))
-
-
-def spec_of(obj: Obj) -> dict[str, Any]:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
-def workload_active(workload: Obj) -> bool:
-    """``spec.active``; absent means true (the CRD's default)."""
-    return spec_of(workload).get("active", True) is not False
-
-
-def trainjob_suspended(trainjob: Obj) -> bool:
-    """``spec.suspend``; absent means false (the CRD's default)."""
-    return spec_of(trainjob).get("suspend", False) is True
-
-
-def hold_field_set(obj: Obj, mode: Mode) -> bool:
-    """Whether the held object's hold field is in the held position."""
-    return not workload_active(obj) if mode == "kueue" else trainjob_suspended(obj)
-
-
-def parse_attempt(value: str | None) -> int | None:
-    """P/attempt as an int (absent = 0); None when the text is not a decimal integer."""
-    if value is None:
-        return 0
-    return int(value) if _ATTEMPT_RE.fullmatch(value) else None
-
-
-def format_time(now: datetime) -> str:
-    """RFC 3339 in UTC, second precision, as Kubernetes writes timestamps."""
-    if now.tzinfo is None:
-        raise ValueError("time must be timezone-aware")
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+# ---- reading an object: holdwarden.objects (one meaning per field, shared) --------------
 
 
 def release_would_unsuspend(trainjob: Obj, annotations: Annotations) -> bool:
     """Plain mode: Release also unsuspends (and so needs the pod check) only for an opened
     TrainJob that has not ended."""
-    return is_opened(trainjob, annotations) and ended_reason(trainjob) is None
+    return (objects.opened_at(trainjob, annotations) is not None) and objects.ended_reason(
+        trainjob
+    ) is None
 
 
 # ---- writing helpers ---------------------------------------------------------------------
@@ -193,7 +115,7 @@ def _copy_with_annotations(obj: Obj) -> tuple[Obj, dict[str, Any]]:
 
 def _raise_attempt(ann: dict[str, Any], annotations: Annotations) -> str | None:
     """Raise P/attempt by one in ``ann``; return an error text if the old value is garbled."""
-    current = parse_attempt(ann.get(annotations.attempt))
+    current = objects.parse_attempt(ann.get(annotations.attempt))
     if current is None:
         return (
             f"annotation {annotations.attempt}={ann.get(annotations.attempt)!r} is not a decimal"
@@ -232,9 +154,9 @@ def decide_hold(
         return Decision(
             Outcome.INVALID, detail=f"reason must be text of at most {MAX_REASON_LENGTH} chars"
         )
-    raw = hold_instance_raw(obj, annotations)
+    raw = objects.hold_instance_text(obj, annotations)
     current = parse_hold_instance(raw)
-    if current == instance and hold_field_set(obj, mode):
+    if current == instance and objects.hold_field_set(obj, mode):
         return Decision(Outcome.DONE, detail=f"hold instance {instance} already in force")
     if current is not None and current > instance:
         return Decision(
@@ -251,7 +173,7 @@ def decide_hold(
     body, ann = _copy_with_annotations(obj)
     ann[annotations.hold_instance] = format_hold_instance(instance)
     ann[annotations.hold_reason] = reason
-    ann[annotations.held_at] = format_time(now)
+    ann[annotations.held_at] = objects.format_time(now)
     ann[annotations.held_by] = holder
     spec = body.setdefault("spec", {})
     if mode == "kueue":
@@ -280,7 +202,7 @@ def decide_release(
     """
     if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
         return Decision(Outcome.INVALID, detail=f"hold instance must be >= 1, got {instance!r}")
-    raw = hold_instance_raw(obj, annotations)
+    raw = objects.hold_instance_text(obj, annotations)
     current = parse_hold_instance(raw)
     if current != instance:
         in_force = "no hold" if raw is None else f"hold instance {raw!r}"
@@ -330,15 +252,15 @@ def decide_open(
     hold annotation (of any value), not ended. In Kueue mode it writes only the mark (the
     readmission gate raises P/attempt); it never touches ``spec.suspend``.
     """
-    if is_opened(trainjob, annotations):
+    if objects.opened_at(trainjob, annotations) is not None:
         return Decision(Outcome.DONE, detail="already opened")
     body, ann = _copy_with_annotations(trainjob)
-    ann[annotations.opened] = format_time(now)
+    ann[annotations.opened] = objects.format_time(now)
     if mode == "kueue":
         return Decision(Outcome.WRITE, body=body, detail="mark opened")
-    held = hold_instance_raw(trainjob, annotations) is not None
-    if held or ended_reason(trainjob) is not None or not trainjob_suspended(trainjob):
-        why = "held" if held else "ended" if ended_reason(trainjob) else "not suspended"
+    held = objects.hold_instance_text(trainjob, annotations) is not None
+    if held or objects.ended_reason(trainjob) is not None or not objects.suspended(trainjob):
+        why = "held" if held else "ended" if objects.ended_reason(trainjob) else "not suspended"
         return Decision(Outcome.WRITE, body=body, detail=f"mark opened only ({why})")
     error = _raise_attempt(ann, annotations)
     if error is not None:
@@ -354,14 +276,14 @@ def kueue_cause(workload: Obj) -> str | None:
     from a True ``DeactivationTarget`` condition (→ its reason: Kueue is deactivating).
     Reason exactly ``Deactivated`` is someone else's deactivation and yields None.
     """
-    evicted = condition(workload, EVICTED_CONDITION)
+    evicted = objects.condition(workload, EVICTED_CONDITION)
     if evicted is not None and evicted.get("status") == "True":
         reason = str(evicted.get("reason") or "")
         if reason.startswith(KUEUE_DEACTIVATED_DUE_TO_PREFIX) and len(reason) > len(
             KUEUE_DEACTIVATED_DUE_TO_PREFIX
         ):
             return reason[len(KUEUE_DEACTIVATED_DUE_TO_PREFIX) :]
-    target = condition(workload, DEACTIVATION_TARGET_CONDITION)
+    target = objects.condition(workload, DEACTIVATION_TARGET_CONDITION)
     if target is not None and target.get("status") == "True":
         return str(target.get("reason") or DEACTIVATION_TARGET_CONDITION)
     return None
@@ -382,13 +304,13 @@ def classify(
     opened); then, opened and suspended: deactivated by someone else (plain mode) or
     waiting for admission (Kueue mode).
     """
-    tj_ann = annotations_of(trainjob)
+    tj_ann = objects.annotations_of(trainjob)
     held_obj = workload if mode == "kueue" else trainjob
-    hold_ann = annotations_of(held_obj) if held_obj is not None else {}
+    hold_ann = objects.annotations_of(held_obj) if held_obj is not None else {}
     raw = hold_ann.get(annotations.hold_instance)
-    attempt = parse_attempt(tj_ann.get(annotations.attempt))
+    attempt = objects.parse_attempt(tj_ann.get(annotations.attempt))
     cause = kueue_cause(workload) if workload is not None else None
-    suspended = trainjob_suspended(trainjob)
+    suspended = objects.suspended(trainjob)
     opened_at = tj_ann.get(annotations.opened) or None
     common: dict[str, Any] = {
         "ref": ref,
@@ -401,18 +323,18 @@ def classify(
         "attempt": attempt if attempt is not None else 0,
         "opened": opened_at is not None,
         "opened_at": opened_at,
-        "ended_reason": ended_reason(trainjob),
+        "ended_reason": objects.ended_reason(trainjob),
         "suspended": suspended,
         "workload": (workload.get("metadata") or {}).get("name") if workload else None,
     }
     if common["ended_reason"] is not None:
         return Observation(state=State.ENDED, **common)
-    if held_obj is not None and raw is not None and hold_field_set(held_obj, mode):
+    if held_obj is not None and raw is not None and objects.hold_field_set(held_obj, mode):
         return Observation(state=State.HELD, **common)
     if mode == "kueue" and workload is not None:
         if cause is not None:
             return Observation(state=State.DEACTIVATED_BY_KUEUE, **common)
-        if not workload_active(workload):
+        if not objects.active(workload):
             return Observation(state=State.DEACTIVATED_BY_OTHER, **common)
     if not suspended:
         return Observation(state=State.RUNNING, **common)

@@ -30,7 +30,7 @@ import urllib3
 from kubernetes import client as k8s
 
 from adapter import decisions
-from adapter.decisions import Decision, Mode, Obj, Outcome
+from adapter.decisions import Decision, Obj, Outcome
 from adapter.errors import (
     AdapterError,
     Conflict,
@@ -43,7 +43,7 @@ from adapter.errors import (
     Unsupported,
 )
 from adapter.types import CallMeta, Capability, Observation, PreflightResult, Ref
-from holdwarden import kubeclient
+from holdwarden import kubeclient, objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
@@ -56,6 +56,7 @@ from holdwarden.vocabulary import (
     TRAINJOB,
     WORKLOAD,
     Annotations,
+    Mode,
     Resource,
     RuleId,
 )
@@ -111,17 +112,6 @@ def _error_for(exc: k8s.ApiException, what: str) -> AdapterError:
 
 class _ConflictError(Exception):
     """A PUT met a resourceVersion conflict (HTTP 409)."""
-
-
-def _controlled_by(obj: Obj, uid: str) -> bool:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(
-        isinstance(r, dict) and r.get("controller") is True and r.get("uid") == uid for r in refs
-    )
-
-
-def _is_deleting(obj: Obj) -> bool:
-    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 class Adapter:
@@ -270,7 +260,7 @@ class Adapter:
                 self._put(self._held_resource, decision, deadline, what)
                 return
             except _ConflictError:
-                last_seen = decisions.hold_instance_raw(held, self.annotations)
+                last_seen = objects.hold_instance_text(held, self.annotations)
                 after_conflict = True
         raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
 
@@ -283,7 +273,7 @@ class Adapter:
         for _ in range(1 + MAX_RETRIES):
             held = self._read_held(ref, deadline, what)
             pods_remain: bool | None = None
-            in_force = decisions.parse_hold_instance_of(held, self.annotations) == instance
+            in_force = objects.hold_instance(held, self.annotations) == instance
             if (
                 self.mode == "plain"
                 and in_force
@@ -408,8 +398,8 @@ class Adapter:
                 workload = None
             if (
                 workload is not None
-                and _controlled_by(workload, cached[0])
-                and not _is_deleting(workload)
+                and objects.controlled_by(workload, cached[0])
+                and not objects.is_deleting(workload)
             ):
                 return workload
         self._workloads.pop(ref, None)
@@ -433,7 +423,9 @@ class Adapter:
         except k8s.ApiException as exc:
             raise _error_for(exc, f"find the Workload of {ref}") from exc
         owned = [
-            w for w in listed.get("items") or [] if _controlled_by(w, uid) and not _is_deleting(w)
+            w
+            for w in listed.get("items") or []
+            if objects.controlled_by(w, uid) and not objects.is_deleting(w)
         ]
         if not owned:
             return None
@@ -761,7 +753,7 @@ class Adapter:
         annotations = {
             ann.hold_instance: "1",
             ann.hold_reason: "preflight hold round trip",
-            ann.held_at: decisions.format_time(self._clock()),
+            ann.held_at: objects.format_time(self._clock()),
             ann.held_by: self.config.holder,
         }
         meta = {"name": self._preflight_name(), "namespace": namespace, "annotations": annotations}
@@ -815,12 +807,12 @@ class Adapter:
                 f"dry-run create of a held {resource.kind} failed: {_api_message(exc)}"
                 + _not_ours_hint(exc, self.annotations),
             )
-        want = decisions.annotations_of(body)
-        got = decisions.annotations_of(echo)
+        want = objects.annotations_of(body)
+        got = objects.annotations_of(echo)
         lost = sorted(k for k, v in want.items() if got.get(k) != v)
         if lost:
             return Capability(False, f"the API server dropped or changed annotations {lost}")
-        if not decisions.hold_field_set(echo, self.mode):
+        if not objects.hold_field_set(echo, self.mode):
             field = "spec.active=false" if self.mode == "kueue" else "spec.suspend=true"
             return Capability(
                 False, f"the API server did not keep {field} on a held {resource.kind}"

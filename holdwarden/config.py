@@ -10,13 +10,11 @@ import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
-from holdwarden.vocabulary import DEFAULT_ANNOTATION_PREFIX, DEFAULT_KUEUE_IDENTITIES
-
-Mode = Literal["kueue", "plain"]
+from holdwarden.vocabulary import DEFAULT_ANNOTATION_PREFIX, DEFAULT_KUEUE_IDENTITIES, Mode
 
 _DURATION_RE = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
 # A DNS subdomain, as Kubernetes requires of an annotation key's prefix.

@@ -9,8 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 DEFAULT_ANNOTATION_PREFIX = "holdwarden.io"
+
+# Kueue mode: the hold is the Workload's spec.active=false; plain mode: the TrainJob's
+# spec.suspend=true (the configuration's ``mode``).
+Mode = Literal["kueue", "plain"]
 
 # Labels written by other projects; holdwarden only reads them.
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"

@@ -18,14 +18,13 @@ from adapter.decisions import (
     decide_hold,
     decide_open,
     decide_release,
-    format_time,
     kueue_cause,
     leftover_pods,
-    parse_attempt,
     release_would_unsuspend,
     validate_start_body,
 )
 from adapter.types import Ref, State
+from holdwarden.objects import format_time, parse_attempt
 from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, Annotations
 
 A = Annotations("holdwarden.io")

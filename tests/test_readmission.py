@@ -90,7 +90,14 @@ def test_pending_check_waits_and_says_why(
     assert again.action is GateAction.NOTHING
 
 
-@pytest.mark.parametrize(("attempt", "granted"), [(None, 1), ("0", 1), ("4", 5), ("junk", 1)])
+@pytest.mark.parametrize(
+    ("attempt", "granted"),
+    [
+        pytest.param(None, 1, id="absent"),
+        pytest.param("0", 1, id="zero"),
+        pytest.param("4", 5, id="four"),
+    ],
+)
 def test_pending_check_turns_ready_with_the_next_attempt(attempt: str | None, granted: int) -> None:
     decision = decide(workload(), trainjob(attempt=attempt))
     assert decision.action is GateAction.MARK_READY
@@ -103,6 +110,20 @@ def test_pending_check_turns_ready_with_the_next_attempt(attempt: str | None, gr
         decision.workload["status"]["admissionChecks"][0]
         == workload()["status"]["admissionChecks"][0]
     )
+
+
+@pytest.mark.parametrize("garbled", ["junk", "-1", "01", " 3", "1e3", "9" * 20])
+def test_a_garbled_attempt_keeps_the_check_pending_as_the_adapter_refuses_to_run_it(
+    garbled: str,
+) -> None:
+    """One meaning for P/attempt (holdwarden.objects): the adapter refuses to unsuspend a
+    TrainJob whose count it cannot read, and the gate, which once read it as 0 and granted
+    attempt 1, now waits with the same advice."""
+    decision = decide(workload(), trainjob(attempt=garbled))
+    assert decision.action is GateAction.KEEP_PENDING
+    assert "is not a decimal integer; fix it by hand" in decision.reason
+    entry = decision.workload["status"]["admissionChecks"][1]
+    assert entry["state"] == "Pending"
 
 
 def test_ready_check_raises_attempt_once() -> None:

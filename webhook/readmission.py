@@ -28,7 +28,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from holdwarden.vocabulary import Annotations, parse_hold_instance
+from holdwarden import objects
+from holdwarden.vocabulary import Annotations
 
 Obj = Mapping[str, Any]
 
@@ -56,28 +57,6 @@ class GateDecision:
     """The whole TrainJob to write (RAISE_ATTEMPT)."""
 
 
-def _annotation(obj: Obj | None, key: str) -> str | None:
-    if obj is None:
-        return None
-    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
-    return value if isinstance(value, str) else None
-
-
-def attempt_of(trainjob: Obj, annotations: Annotations) -> int:
-    """A as recorded on the TrainJob; absent or garbled counts as 0 executions."""
-    value = _annotation(trainjob, annotations.attempt)
-    if value == "0":
-        return 0
-    return parse_hold_instance(value) or 0
-
-
-def _ended(trainjob: Obj) -> str | None:
-    for condition in (trainjob.get("status") or {}).get("conditions") or []:
-        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
-            return str(condition["type"])
-    return None
-
-
 def _check(workload: Obj, check_names: frozenset[str]) -> tuple[int, Mapping[str, Any]] | None:
     checks = (workload.get("status") or {}).get("admissionChecks") or []
     for index, check in enumerate(checks):
@@ -100,16 +79,22 @@ def why_waiting(
     """Why the next execution may not be admitted yet, or None when it may."""
     if trainjob is None:
         return "its TrainJob was not found"
-    if _annotation(trainjob, annotations.opened) is None:
+    if objects.opened_at(trainjob, annotations) is None:
         return "the TrainJob has not been opened (it waits at its start gate)"
-    ended = _ended(trainjob)
+    ended = objects.ended_reason(trainjob)
     if ended is not None:
         return f"the TrainJob has ended ({ended})"
-    instance = _annotation(workload, annotations.hold_instance)
+    instance = objects.hold_instance_text(workload, annotations)
     if instance is not None:
         return f"hold instance {instance} is in force"
-    if (workload.get("spec") or {}).get("active") is False:
+    if not objects.active(workload):
         return "the Workload is deactivated (spec.active=false)"
+    if objects.attempt(trainjob, annotations) is None:
+        # The adapter refuses to run an object whose count it cannot read; so does the gate.
+        return (
+            f"annotation {annotations.attempt}={objects.attempt_text(trainjob, annotations)!r}"
+            " on the TrainJob is not a decimal integer; fix it by hand"
+        )
     if pods_remaining > 0:
         return f"{pods_remaining} pod(s) of the previous execution remain"
     return None
@@ -139,7 +124,8 @@ def decide_readmission(
         granted = granted_attempt(check.get("message"))
         if granted is None or trainjob is None:
             return GateDecision(GateAction.NOTHING, "Ready, nothing granted to record")
-        if attempt_of(trainjob, annotations) >= granted:
+        recorded = objects.attempt(trainjob, annotations)
+        if recorded is None or recorded >= granted:
             return GateDecision(GateAction.NOTHING, f"attempt {granted} already recorded")
         raised = copy.deepcopy(dict(trainjob))
         raised["metadata"].setdefault("annotations", {})[annotations.attempt] = str(granted)
@@ -159,8 +145,8 @@ def decide_readmission(
         entry["message"] = message
         return GateDecision(GateAction.KEEP_PENDING, waiting, workload=updated)
     assert trainjob is not None  # why_waiting returns a reason when it is None
-    attempt = attempt_of(trainjob, annotations) + 1
+    attempt = (objects.attempt(trainjob, annotations) or 0) + 1  # why_waiting: not garbled
     entry["state"] = "Ready"
     entry["message"] = f"holdwarden: attempt {attempt} admitted"
-    entry["lastTransitionTime"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    entry["lastTransitionTime"] = objects.format_time(now)
     return GateDecision(GateAction.MARK_READY, f"admit attempt {attempt}", workload=updated)

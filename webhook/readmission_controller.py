@@ -22,6 +22,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from webhook.readmission import GateAction, GateDecision, decide_readmission
@@ -114,7 +115,7 @@ class ReadmissionGate:
                 "status": "True",
                 "reason": "Active",
                 "message": "holdwarden readmission gate is serving this check",
-                "lastTransitionTime": self._clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "lastTransitionTime": objects.format_time(self._clock()),
             },
         ]
         try:
@@ -213,25 +214,25 @@ class ReadmissionGate:
         return workload
 
     def _trainjob_of(self, workload: dict[str, Any]) -> dict[str, Any] | None:
-        for owner in workload["metadata"].get("ownerReferences") or []:
-            if owner.get("controller") and owner.get("kind") == TRAINJOB.kind:
-                try:
-                    found: Any = self._custom.get_namespaced_custom_object(
-                        TRAINJOB.group,
-                        TRAINJOB.version,
-                        workload["metadata"]["namespace"],
-                        TRAINJOB.plural,
-                        owner["name"],
-                    )
-                except k8s.ApiException as exc:
-                    if exc.status == 404:
-                        return None
-                    raise
-                if found["metadata"]["uid"] != owner.get("uid"):
-                    return None  # a new TrainJob of the same name: not this Workload's
-                trainjob: dict[str, Any] = found
-                return trainjob
-        return None
+        owner = objects.controller_trainjob(workload)
+        if owner is None:
+            return None
+        try:
+            found: Any = self._custom.get_namespaced_custom_object(
+                TRAINJOB.group,
+                TRAINJOB.version,
+                workload["metadata"]["namespace"],
+                TRAINJOB.plural,
+                owner.name,
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if found["metadata"]["uid"] != owner.uid:
+            return None  # a new TrainJob of the same name: not this Workload's
+        trainjob: dict[str, Any] = found
+        return trainjob
 
     def _pods_remaining(self, workload: dict[str, Any], trainjob: dict[str, Any] | None) -> int:
         if trainjob is None:

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
+from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     QUEUE_NAME_LABEL,
@@ -146,53 +147,9 @@ def skip_reason(change: Change) -> str | None:
 # --- never raise on a shape it did not expect.
 
 
-_EMPTY: Mapping[str, Any] = {}
-
-
-def _is_map(value: object) -> TypeGuard[Mapping[str, Any]]:
-    # dict first: objects come from JSON, and the ABC check of Mapping costs ~1 us a call.
-    return type(value) is dict or isinstance(value, Mapping)
-
-
-def _section(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
-    if obj is None:
-        return _EMPTY
-    value = obj.get(key)
-    return value if _is_map(value) else _EMPTY
-
-
-def _meta_map(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
-    value = _section(obj, "metadata").get(key)
-    return value if _is_map(value) else _EMPTY
-
-
-def hold_value(obj: Mapping[str, Any] | None, annotations: Annotations | str) -> str | None:
-    """The raw ``P/hold-instance`` value (None when absent); ``annotations`` may be the key.
-
-    A non-string value (impossible through the apiserver) is spelled with its type, so it
-    can never parse as an instance.
-    """
-    key = annotations if isinstance(annotations, str) else annotations.hold_instance
-    value = _meta_map(obj, "annotations").get(key)
-    if value is None:
-        return None
-    return value if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
-
-
-def suspend_of(obj: Mapping[str, Any] | None) -> bool:
-    """Effective ``spec.suspend`` of a TrainJob: true only when it is literally true."""
-    return _section(obj, "spec").get("suspend") is True
-
-
-def active_of(obj: Mapping[str, Any] | None) -> bool:
-    """Effective ``spec.active`` of a Workload: absent means true; false only when false."""
-    return _section(obj, "spec").get("active") is not False
-
-
 def _is_kueue_managed(change: Change) -> bool:
-    return QUEUE_NAME_LABEL in _meta_map(change.old, "labels") or QUEUE_NAME_LABEL in _meta_map(
-        change.new, "labels"
-    )
+    # Old OR new: dropping the label in the same write does not escape the rule.
+    return objects.is_kueue_managed(change.old) or objects.is_kueue_managed(change.new)
 
 
 def _is_kueue(change: Change, config: RulesConfig) -> bool:
@@ -200,26 +157,13 @@ def _is_kueue(change: Change, config: RulesConfig) -> bool:
     return change.username in ids or any(group in ids for group in change.groups)
 
 
-def _owner_trainjob(obj: Mapping[str, Any] | None) -> str | None:
-    """The name of the TrainJob that controls a Workload, if its ownerReferences say so."""
-    refs = _section(obj, "metadata").get("ownerReferences")
-    if not isinstance(refs, list):
-        return None
-    for ref in refs:
-        if (
-            isinstance(ref, Mapping)
-            and ref.get("kind") == TRAINJOB.kind
-            and isinstance(ref.get("name"), str)
-        ):
-            return str(ref["name"])
-    return None
-
-
 def _release_hint(change: Change, config: RulesConfig, instance: str | None) -> str:
     keys = f"{config.annotations.prefix}/hold-*"
     if change.is_workload:
-        owner = _owner_trainjob(change.new) or _owner_trainjob(change.old)
-        target = f"{change.namespace}/{owner}" if owner else f"{change.namespace}/<its TrainJob>"
+        owner = objects.controller_trainjob(change.new) or objects.controller_trainjob(change.old)
+        target = (
+            f"{change.namespace}/{owner.name}" if owner else f"{change.namespace}/<its TrainJob>"
+        )
     else:
         target = change.ref
     number = parse_hold_instance(instance)
@@ -241,8 +185,8 @@ def held_trainjob_suspended(change: Change, config: RulesConfig) -> Violation | 
     """A TrainJob that would carry ``P/hold-instance`` must have ``spec.suspend: true``."""
     if not change.is_trainjob:
         return None
-    instance = hold_value(change.new, config.hold_key)
-    if instance is None or suspend_of(change.new):
+    instance = objects.hold_instance_text(change.new, config.hold_key)
+    if instance is None or objects.suspended(change.new):
         return None
     rule = RuleId.HELD_TRAINJOB_SUSPENDED
     return Violation(
@@ -258,8 +202,8 @@ def held_workload_inactive(change: Change, config: RulesConfig) -> Violation | N
     """A Workload that would carry ``P/hold-instance`` must have ``spec.active: false``."""
     if not change.is_workload:
         return None
-    instance = hold_value(change.new, config.hold_key)
-    if instance is None or not active_of(change.new):
+    instance = objects.hold_instance_text(change.new, config.hold_key)
+    if instance is None or not objects.active(change.new):
         return None
     rule = RuleId.HELD_WORKLOAD_INACTIVE
     return Violation(
@@ -275,11 +219,13 @@ def kueue_owns_suspend(change: Change, config: RulesConfig) -> Violation | None:
     """Only Kueue may change ``spec.suspend`` of a Kueue-managed TrainJob (UPDATE only)."""
     if not change.is_trainjob or change.old is None:
         return None
-    old, new = suspend_of(change.old), suspend_of(change.new)
+    old, new = objects.suspended(change.old), objects.suspended(change.new)
     if old == new or not _is_kueue_managed(change) or _is_kueue(change, config):
         return None
     rule = RuleId.KUEUE_OWNS_SUSPEND
-    instance = hold_value(change.new, config.hold_key) or hold_value(change.old, config.annotations)
+    instance = objects.hold_instance_text(
+        change.new, config.hold_key
+    ) or objects.hold_instance_text(change.old, config.annotations)
     return Violation(
         rule,
         f"{_prefix(rule, change)} is managed by Kueue (label {QUEUE_NAME_LABEL}) and "
@@ -296,8 +242,8 @@ def hold_instance_monotonic(change: Change, config: RulesConfig) -> Violation | 
     """An update must not lower a valid ``P/hold-instance`` to a smaller valid instance."""
     if change.old is None:
         return None
-    old_raw = hold_value(change.old, config.hold_key)
-    new_raw = hold_value(change.new, config.hold_key)
+    old_raw = objects.hold_instance_text(change.old, config.hold_key)
+    new_raw = objects.hold_instance_text(change.new, config.hold_key)
     old, new = parse_hold_instance(old_raw), parse_hold_instance(new_raw)
     if old is None or new is None or new >= old:
         return None
@@ -313,10 +259,10 @@ def hold_instance_monotonic(change: Change, config: RulesConfig) -> Violation | 
 
 def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | None:
     """A NEW or CHANGED ``P/hold-instance`` must be canonical decimal >= 1."""
-    new_raw = hold_value(change.new, config.hold_key)
+    new_raw = objects.hold_instance_text(change.new, config.hold_key)
     if new_raw is None or parse_hold_instance(new_raw) is not None:
         return None
-    if new_raw == hold_value(change.old, config.hold_key):
+    if new_raw == objects.hold_instance_text(change.old, config.hold_key):
         return None  # already stored before; do not wedge the object
     rule = RuleId.HOLD_INSTANCE_MALFORMED
     return Violation(

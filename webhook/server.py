@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import msgspec
 from aiohttp import web
 
+from holdwarden import objects
 from holdwarden.config import Config, split_address
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from webhook.audit import AuditWriter, rfc3339
@@ -46,7 +47,7 @@ from webhook.review import (
     internal_error,
     parse_review,
 )
-from webhook.rules import RulesConfig, Violation, active_of, evaluate, skip_reason, suspend_of
+from webhook.rules import RulesConfig, Violation, evaluate, skip_reason
 
 log = logging.getLogger("holdwarden.webhook")
 
@@ -137,11 +138,11 @@ def audit_record(review: Review, violation: Violation, now: datetime) -> dict[st
         "instance": violation.instance,
     }
     if change.is_trainjob:
-        record["oldSuspend"] = None if change.old is None else suspend_of(change.old)
-        record["newSuspend"] = suspend_of(change.new)
+        record["oldSuspend"] = None if change.old is None else objects.suspended(change.old)
+        record["newSuspend"] = objects.suspended(change.new)
     elif change.is_workload:
-        record["oldActive"] = None if change.old is None else active_of(change.old)
-        record["newActive"] = active_of(change.new)
+        record["oldActive"] = None if change.old is None else objects.active(change.old)
+        record["newActive"] = objects.active(change.new)
     return record
 
 
