@@ -50,6 +50,10 @@ class WebhookConfig:
     audit_log: Path = Path("/var/log/holdwarden/audit.jsonl")
     metrics_address: str = "0.0.0.0:9090"
     max_body_bytes: int = 3 * 1024 * 1024
+    # The audit log's disk budget: at most audit_max_bytes * (audit_max_files + 1) bytes
+    # (the current file and audit_max_files rotated ones).
+    audit_max_bytes: int = 100 * 1024 * 1024
+    audit_max_files: int = 5
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,13 @@ class Config:
         max_body = hook.pop_int("maxBodyBytes", defaults.max_body_bytes)
         if max_body < 1024:
             raise ConfigError("webhook.maxBodyBytes", "must be at least 1024")
+        audit_max_bytes = hook.pop_int("auditMaxBytes", defaults.audit_max_bytes)
+        if audit_max_bytes < 65536:
+            # Room for several of the largest (8 KiB) lines per file.
+            raise ConfigError("webhook.auditMaxBytes", "must be at least 65536")
+        audit_max_files = hook.pop_int("auditMaxFiles", defaults.audit_max_files)
+        if not 1 <= audit_max_files <= 1000:
+            raise ConfigError("webhook.auditMaxFiles", "must be from 1 to 1000")
         webhook = WebhookConfig(
             listen_address=_address(
                 hook.pop_str("listenAddress", defaults.listen_address), "webhook.listenAddress"
@@ -124,6 +135,8 @@ class Config:
                 hook.pop_str("metricsAddress", defaults.metrics_address), "webhook.metricsAddress"
             ),
             max_body_bytes=max_body,
+            audit_max_bytes=audit_max_bytes,
+            audit_max_files=audit_max_files,
         )
         hook.finish()
         gate = root.pop_section("readmission")

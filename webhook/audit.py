@@ -1,31 +1,70 @@
-"""The audit trail: one JSON line per refusal, durable before the refusal is answered.
+"""The audit trail: one bounded JSON line per refusal, durable before the refusal is answered.
+
+What a line holds (``audit_record``):
+  - identifying fields only (time, uid, dryRun, rule, message, user, groups, operation,
+    apiGroup, resource, kind, namespace, name, instance, the effective suspend/active
+    values) and SHA-256 digests of the request body and of the old and new objects,
+    never the objects themselves;
+  - every free-text field is capped (``FIELD_LIMITS``, in encoded bytes) and a cut field
+    is named in ``truncated`` with its original length, so an encoded line is at most
+    ``MAX_LINE_BYTES`` whatever the request held. The who/what fields come from the review
+    body, which the apiserver signs nothing of: see docs/enforcer.md for which fields a
+    caller can forge and for the apiserver's own audit log as the authoritative record.
 
 Writing (``AuditWriter``):
   - The file is opened with ``O_APPEND``; one writer thread writes it, one batch at a time,
     so writes never interleave and the event loop never blocks on the disk.
   - Group commit: every line queued while the previous batch was being synced goes out in
     the next batch: one ``os.write`` (whole lines only), then ``fdatasync``, and only then
-    is each caller's future resolved. The handler awaits that future before it answers, so every
-    refusal a client was told about is on disk, even after ``kill -9`` or power loss.
+    is each caller's future resolved. The handler awaits that future before it answers, so
+    every refusal a client was told about is on disk, even after ``kill -9`` or power loss.
+  - A line is whole or absent: a write or sync that fails is cut back (``ftruncate``) to
+    the size the file had before it, so a torn fragment is never glued to the next line;
+    if even that fails, the next write starts with a newline. A failed batch fails its
+    callers (``OSError``) and marks the writer not ``writable`` (``/readyz`` fails) until a
+    write succeeds again; while it is not, a probe retries every ``probe_interval`` seconds
+    without adding a record (a blank line it cuts back off).
   - A crash can leave at most the batch being written torn; none of its callers has been
     answered. On open, a file that does not end in a newline gets one, so the torn
     fragment stays its own (skipped) line and cannot corrupt the next record.
+  - Disk budget: before a batch would take the file past ``max_bytes`` the file is rotated
+    (``audit.jsonl`` -> ``audit.jsonl.1`` -> ... -> ``audit.jsonl.<max_files>``, the oldest
+    dropped), so the log never takes more than ``max_bytes * (max_files + 1)`` bytes.
+  - The path is checked before every batch: if the file was renamed (logrotate's ``mv``)
+    or deleted, or ``reopen()`` was asked for (SIGHUP), the writer reopens the path,
+    creating it again, so no refusal goes to a file nobody reads.
 
-Reading (``read_audit``): filters records and skips lines that do not parse (a torn last
-line after a crash), counting them instead of failing.
+Reading (``read_audit``): the rotated files oldest first, then the current one; filters
+records and skips lines that do not parse (a torn last line after a crash), counting them
+instead of failing. Lines written before the bounded format (whole messages, no digests)
+read the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
+import logging
 import os
+import re
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from holdwarden import objects
+
+if TYPE_CHECKING:
+    from webhook.review import Review
+    from webhook.rules import Violation
+
+log = logging.getLogger("holdwarden.webhook.audit")
 
 AUDIT_FIELDS = (
     "time",
@@ -36,11 +75,44 @@ AUDIT_FIELDS = (
     "user",
     "groups",
     "operation",
+    "apiGroup",
     "resource",
+    "kind",
     "namespace",
     "name",
     "instance",
+    "requestSha256",
+    "requestBytes",
+    "oldObjectSha256",
+    "objectSha256",
+    "truncated",
 )
+
+# Caps in bytes of the JSON-encoded string (ensure_ascii: up to 12 bytes per character).
+# Kubernetes' own limits are well inside them (names 253, uids 36, usernames in practice
+# < 200), so a cut means the review was not a real apiserver's.
+FIELD_LIMITS: Mapping[str, int] = {
+    "uid": 128,
+    "message": 1024,
+    "user": 256,
+    "operation": 16,
+    "apiGroup": 256,
+    "resource": 64,
+    "kind": 64,
+    "namespace": 256,
+    "name": 256,
+    "instance": 64,
+}
+GROUP_LIMIT = 256  # bytes per group name
+MAX_GROUPS = 16  # groups kept; the rest are counted in ``truncated``
+# Worst case with every field at its cap is about 6.5 KiB; the writer enforces this bound.
+MAX_LINE_BYTES = 8192
+
+DEFAULT_MAX_BYTES = 100 * 1024 * 1024
+DEFAULT_MAX_FILES = 5
+PROBE_INTERVAL = 1.0
+
+_ROTATED = re.compile(r"\.(\d+)\Z")
 
 
 def rfc3339(moment: datetime) -> str:
@@ -53,43 +125,259 @@ def encode_line(record: Mapping[str, Any]) -> bytes:
     return (json.dumps(record, separators=(",", ":"), ensure_ascii=True) + "\n").encode()
 
 
+# --- the bounded record -----------------------------------------------------------------
+
+
+def _encoded_size(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=True)) - 2
+
+
+def cap_text(value: str, limit: int) -> tuple[str, bool]:
+    """``value`` cut so that its JSON encoding (ensure_ascii) is at most ``limit`` bytes;
+    the flag says whether anything was cut. Cuts fall on character boundaries."""
+    head = value[: limit + 1]  # every character encodes to at least one byte
+    if len(value) <= limit and _encoded_size(head) <= limit:
+        return value, False
+    used, end = 0, 0
+    for end, char in enumerate(head):  # noqa: B007  # ``end`` is read after the loop
+        used += _encoded_size(char)
+        if used > limit:
+            break
+    else:
+        end = len(head)
+    return value[:end], True
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class _RawRequest(msgspec.Struct):
+    object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    oldObject: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # Kubernetes' name
+
+
+class _RawReview(msgspec.Struct):
+    request: _RawRequest | None = None
+
+
+_RAW_DECODER = msgspec.json.Decoder(_RawReview)
+
+
+def object_digests(body: bytes) -> tuple[str | None, str | None]:
+    """SHA-256 of the old and the new object exactly as the review body carries them
+    (None when absent or null, or when the body cannot be re-read)."""
+    try:
+        request = _RAW_DECODER.decode(body).request
+    except (msgspec.DecodeError, RecursionError):
+        return None, None
+    if request is None:
+        return None, None
+
+    def digest(raw: msgspec.Raw) -> str | None:
+        data = bytes(raw)
+        return None if data in (b"", b"null") else _sha256(data)
+
+    return digest(request.oldObject), digest(request.object)
+
+
+def audit_record(
+    review: Review, violation: Violation, now: datetime, body: bytes | None = None
+) -> dict[str, Any]:
+    """The bounded audit line for one refusal (see the module docstring).
+
+    ``body`` is the request as received; without it the digests are null.
+    """
+    change = review.change
+    truncated: dict[str, int] = {}
+
+    def text(name: str, value: str | None) -> str | None:
+        if value is None:
+            return None
+        kept, cut = cap_text(value, FIELD_LIMITS[name])
+        if cut:
+            truncated[name] = len(value)
+        return kept
+
+    groups: list[str] = []
+    for group in change.groups[:MAX_GROUPS]:
+        kept, cut = cap_text(group, GROUP_LIMIT)
+        groups.append(kept)
+        if cut:
+            truncated["groups"] = len(change.groups)
+    if len(change.groups) > MAX_GROUPS:
+        truncated["groups"] = len(change.groups)
+    old_digest, new_digest = object_digests(body) if body is not None else (None, None)
+    record: dict[str, Any] = {
+        "time": rfc3339(now),
+        "uid": text("uid", review.uid),
+        "dryRun": review.dry_run,
+        "rule": str(violation.rule),
+        "message": text("message", violation.message),
+        "user": text("user", change.username),
+        "groups": groups,
+        "operation": text("operation", change.operation),
+        "apiGroup": text("apiGroup", change.group),
+        "resource": text("resource", change.resource),
+        "kind": text("kind", change.kind),
+        "namespace": text("namespace", change.namespace),
+        "name": text("name", change.name),
+        "instance": text("instance", violation.instance),
+        "requestSha256": _sha256(body) if body is not None else None,
+        "requestBytes": len(body) if body is not None else None,
+        "oldObjectSha256": old_digest,
+        "objectSha256": new_digest,
+    }
+    if change.is_trainjob:
+        record["oldSuspend"] = None if change.old is None else objects.suspended(change.old)
+        record["newSuspend"] = objects.suspended(change.new)
+    elif change.is_workload:
+        record["oldActive"] = None if change.old is None else objects.active(change.old)
+        record["newActive"] = objects.active(change.new)
+    if truncated:
+        record["truncated"] = truncated
+    return record
+
+
+def bounded_line(record: Mapping[str, Any]) -> bytes:
+    """``encode_line(record)``, or, if that exceeds ``MAX_LINE_BYTES`` (a record not made by
+    ``audit_record``), a stand-in line that keeps the time, uid and rule and says so."""
+    line = encode_line(record)
+    if len(line) <= MAX_LINE_BYTES:
+        return line
+    stand_in = {
+        "time": str(record.get("time", ""))[:64],
+        "uid": cap_text(str(record.get("uid", "")), 128)[0],
+        "rule": cap_text(str(record.get("rule", "")), 64)[0],
+        "truncated": {"line": len(line)},
+    }
+    return encode_line(stand_in)
+
+
+# --- the writer -------------------------------------------------------------------------
+
+
+def rotated_path(path: Path, number: int) -> Path:
+    """``audit.jsonl`` -> ``audit.jsonl.<number>`` (logrotate's numbering: 1 is the newest)."""
+    return path.with_name(f"{path.name}.{number}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    # A created or renamed file is only findable after a crash once its directory is synced.
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class AuditWriter:
     """Appends audit lines durably, in batches, from one writer thread (group commit).
 
     ``append`` is awaited by the handler; it returns only after the line is written and
-    ``fdatasync`` has returned, and raises ``OSError`` if either failed. Lines wait on the
-    event loop while a batch is being synced and go out together in the next one, so the
-    thread hand-off and the sync are paid once per batch, not once per line. One writer
-    serves one event loop.
+    ``fdatasync`` has returned, and raises ``OSError`` if either failed (the line is then
+    absent from the file). Lines wait on the event loop while a batch is being synced and
+    go out together in the next one, so the thread hand-off and the sync are paid once per
+    batch, not once per line. One writer serves one event loop.
+
+    Invariants: the file only ever holds whole lines plus, after a crash, one torn tail
+    that the next open terminates; no file exceeds ``max_bytes`` (a line is never split
+    across files); at most ``max_files`` rotated files are kept. ``writable`` is False
+    from a failed write until the next successful write or probe. Every file operation
+    runs on the one writer thread, so they never race one another.
     """
 
-    def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        fsync: bool = True,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_files: int = DEFAULT_MAX_FILES,
+        probe_interval: float = PROBE_INTERVAL,
+    ) -> None:
+        if max_bytes < MAX_LINE_BYTES:
+            raise ValueError(f"max_bytes must be at least {MAX_LINE_BYTES} (one line)")
+        if max_files < 1:
+            raise ValueError("max_files must be at least 1")
         self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self.probe_interval = probe_interval
         self._fsync = fsync
         self._fd = -1
+        self._identity: tuple[int, int] = (0, 0)
+        # True when the file may end in a fragment (a failed write that could not be cut
+        # back): the next write then starts with a newline.
+        self._torn = False
+        self._reopen_asked = False
         self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.batches = 0
         self.lines = 0
+        self.writable = True
+        self.last_error: str | None = None
+        self.failed_writes = 0
+        self.rotations = 0
+        self.reopens: dict[str, int] = {}
+
+    # -- life cycle (event loop thread) ---------------------------------------------------
 
     def open(self) -> None:
-        """Open the file (creating directories and the file) and start the writer thread."""
+        """Open the file (creating directories and the file) and start the writer thread.
+
+        Raises ``OSError`` if the file cannot be opened; a full disk is not an error here:
+        the writer starts not ``writable`` and the first write or probe repairs the tail.
+        """
         if self._fd >= 0:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        self._terminate_torn_line()
+        self._open_file()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-writer")
+        if not self.writable:
+            # Unready replicas get no refusals to write, so only a probe can recover.
+            with contextlib.suppress(RuntimeError):  # no running loop: the first append will
+                self._start_probe()
+
+    def reopen(self) -> None:
+        """Ask for the file to be reopened at its path before the next write (SIGHUP).
+
+        Safe to call from a signal handler on the event loop: it only sets a flag and, when
+        the writer is idle, hands the reopen to the writer thread.
+        """
+        self._reopen_asked = True
+        if self._executor is not None:
+            # Now, not at the next refusal, so the old file is let go at once; the one
+            # writer thread runs it after any batch in progress.
+            asyncio.get_running_loop().run_in_executor(self._executor, self._reopen_now)
+
+    def _reopen_now(self) -> None:
+        try:
+            self._check_path()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _open_file(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
+        # Read-write so the last byte can be read back through the same descriptor.
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        st = os.fstat(fd)
+        self._fd, self._identity, self._torn = fd, (st.st_dev, st.st_ino), False
+        if created and self._fsync:
+            _fsync_dir(self.path.parent)
+        try:
+            self._terminate_torn_line()
+        except OSError as exc:
+            self._torn = True
+            self._failed(exc)
 
     def _terminate_torn_line(self) -> None:
         size = os.fstat(self._fd).st_size
         if size == 0:
             return
-        with open(self.path, "rb") as existing:
-            existing.seek(size - 1)
-            last = existing.read(1)
-        if last != b"\n":
+        if os.pread(self._fd, 1, size - 1) != b"\n":
             os.write(self._fd, b"\n")
             self._sync()
 
@@ -103,7 +391,7 @@ class AuditWriter:
             raise OSError("audit writer is not open")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        self._pending.append((encode_line(record), done))
+        self._pending.append((bounded_line(record), done))
         if self._flusher is None:
             self._flusher = loop.create_task(self._flush())
         await done
@@ -113,21 +401,20 @@ class AuditWriter:
         try:
             while self._pending and self._executor is not None:
                 batch, self._pending = self._pending, []
-                data = b"".join(line for line, _ in batch)
-                error: OSError | None = None
-                try:
-                    await loop.run_in_executor(self._executor, self._commit, data)
-                except OSError as exc:
-                    error = exc
+                lines = [line for line, _ in batch]
+                committed, error = await loop.run_in_executor(self._executor, self._commit, lines)
                 self.batches += 1
                 self.lines += len(batch)
-                for _, done in batch:
+                for index, (_, done) in enumerate(batch):
                     if done.done():
                         continue  # the waiting handler was cancelled
-                    if error is None:
+                    if index < committed:
                         done.set_result(None)
                     else:
+                        assert error is not None
                         done.set_exception(error)
+                if error is not None:
+                    self._start_probe()
         finally:
             self._flusher = None
             if self._executor is None:  # closed under us: nothing queued will be written
@@ -136,14 +423,158 @@ class AuditWriter:
                     if not done.done():
                         done.set_exception(OSError("audit writer closed"))
 
-    def _commit(self, data: bytes) -> None:
-        """Writer thread: one write of whole lines, then the sync."""
-        view = memoryview(data)
-        while view:
-            # One call writes the whole batch in practice; loop only on a short write.
-            written = os.write(self._fd, view)
-            view = view[written:]
-        self._sync()
+    def _start_probe(self) -> None:
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.get_running_loop().create_task(self._probe_until_writable())
+
+    async def _probe_until_writable(self) -> None:
+        """While not writable, try a write that leaves no record, every ``probe_interval``:
+        without it an unready replica would get no traffic, so never write, so never
+        become ready again."""
+        loop = asyncio.get_running_loop()
+        while not self.writable and self._executor is not None:
+            await asyncio.sleep(self.probe_interval)
+            if self._executor is None or self.writable:
+                return
+            if self._flusher is None:  # a real batch in flight tests the disk just as well
+                await loop.run_in_executor(self._executor, self._probe)
+
+    # -- the writer thread ------------------------------------------------------------------
+
+    def _commit(self, lines: list[bytes]) -> tuple[int, OSError | None]:
+        """Writer thread: write ``lines`` as whole lines, rotating when the budget says so.
+
+        Returns how many lines (a prefix) are durably written, and the error that stopped
+        the rest (None if all are). One ``os.write`` + ``fdatasync`` per file touched.
+        """
+        committed = 0
+        try:
+            self._check_path()
+            size = os.fstat(self._fd).st_size
+            while committed < len(lines):
+                if size > 0 and size + len(lines[committed]) > self.max_bytes:
+                    self._rotate()
+                    size = 0
+                chunk: list[bytes] = []
+                end = committed
+                while end < len(lines) and (not chunk or size + len(lines[end]) <= self.max_bytes):
+                    size += len(lines[end])
+                    chunk.append(lines[end])
+                    end += 1
+                self._write_whole(b"".join(chunk))
+                committed = end
+        except OSError as exc:
+            self._failed(exc)
+            return committed, exc
+        self.writable, self.last_error = True, None
+        return committed, None
+
+    def _failed(self, exc: OSError) -> None:
+        self.failed_writes += 1
+        if self.writable:
+            log.error(
+                "audit log is not writable; /readyz fails until a write succeeds",
+                extra={"fields": {"auditLog": str(self.path), "error": str(exc)}},
+            )
+        self.writable, self.last_error = False, str(exc)
+
+    def _write_whole(self, data: bytes) -> None:
+        """Append ``data`` (whole lines) and sync, or leave the file as it was and raise."""
+        if self._torn:
+            self._repair()
+        start = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                # One call writes it all in practice; a short write means the disk is full
+                # and the next call says so.
+                written = os.write(self._fd, view)
+                view = view[written:]
+            self._sync()
+        except OSError:
+            self._cut_back(start)
+            raise
+
+    def _cut_back(self, size: int) -> None:
+        # Whole or absent: drop what a failed write left past the last whole line.
+        # Shrinking a file needs no free space, so this works on a full disk.
+        try:
+            os.ftruncate(self._fd, size)
+            self._sync()
+        except OSError as exc:
+            self._torn = True
+            log.error(
+                "audit log: could not cut back a failed write; the next line starts fresh",
+                extra={"fields": {"auditLog": str(self.path), "error": str(exc)}},
+            )
+
+    def _repair(self) -> None:
+        """The file may end in a fragment: end it with a newline (it then reads as one
+        skipped line) before anything else is appended."""
+        self._terminate_torn_line()
+        self._torn = False
+
+    def _probe(self) -> None:
+        """Writer thread: write and sync a blank line the size of the largest record, then
+        cut it back off; success makes the writer ``writable`` again. A crash in between
+        leaves a blank line, which readers skip."""
+        try:
+            self._check_path()
+            if self._torn:
+                self._repair()
+            start = os.fstat(self._fd).st_size
+            self._write_whole(b" " * (MAX_LINE_BYTES - 1) + b"\n")
+            os.ftruncate(self._fd, start)
+            self._sync()
+        except OSError as exc:
+            self.last_error = str(exc)
+            return
+        if not self.writable:
+            log.info("audit log is writable again", extra={"fields": {"auditLog": str(self.path)}})
+        self.writable, self.last_error = True, None
+
+    def _check_path(self) -> None:
+        """Reopen the path if asked to, or if the file we hold is no longer the one there
+        (renamed or deleted): lines must go where readers look."""
+        reason: str | None = None
+        if self._reopen_asked:
+            reason = "signal"
+        else:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                reason = "deleted" if os.fstat(self._fd).st_nlink == 0 else "renamed"
+            else:
+                if (st.st_dev, st.st_ino) != self._identity:
+                    reason = "deleted" if os.fstat(self._fd).st_nlink == 0 else "renamed"
+        if reason is None:
+            return
+        self._reopen_asked = False
+        old = self._fd
+        self._open_file()
+        os.close(old)  # every line written to it was synced before its caller was answered
+        self.reopens[reason] = self.reopens.get(reason, 0) + 1
+        log.warning(
+            "audit log reopened",
+            extra={"fields": {"auditLog": str(self.path), "reason": reason}},
+        )
+
+    def _rotate(self) -> None:
+        """audit.jsonl.<n> -> .<n+1> (the last one is replaced, so dropped), the current
+        file -> .1, then a new current file. Its lines are all synced already."""
+        for number in range(self.max_files - 1, 0, -1):
+            source = rotated_path(self.path, number)
+            if source.exists():
+                os.replace(source, rotated_path(self.path, number + 1))
+        os.replace(self.path, rotated_path(self.path, 1))
+        old = self._fd
+        self._open_file()
+        os.close(old)
+        if self._fsync:
+            _fsync_dir(self.path.parent)
+        self.rotations += 1
+
+    # -- closing ------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Wait for every queued line to be durable, then close."""
@@ -153,6 +584,9 @@ class AuditWriter:
 
     def close(self) -> None:
         """Stop the writer thread (after the batch in progress) and close the file."""
+        if self._prober is not None:
+            self._prober.cancel()
+            self._prober = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -160,14 +594,28 @@ class AuditWriter:
             os.close(self._fd)
             self._fd = -1
 
+    def unready_reason(self) -> str | None:
+        """Why ``/readyz`` must fail because of the audit log, or None if it need not."""
+        if self.writable:
+            return None
+        return f"audit log {self.path} is not writable: {self.last_error}"
+
+
+# --- reading ----------------------------------------------------------------------------
+
 
 @dataclass
 class AuditRead:
-    """The records that matched, and how many lines were skipped as unreadable."""
+    """The records that matched, and how many lines were skipped as unreadable.
+
+    ``skipped_lines`` holds line numbers within their file; ``skipped_at`` says which file.
+    """
 
     records: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
     skipped_lines: list[int] = field(default_factory=list)
+    skipped_at: list[tuple[Path, int]] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
 
 
 def parse_time(text: str) -> datetime | None:
@@ -176,6 +624,49 @@ def parse_time(text: str) -> datetime | None:
     except ValueError:
         return None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def audit_files(path: str | Path) -> list[Path]:
+    """The log's files, newest first: ``path`` itself, then ``path.1``, ``path.2``, ...
+    (every numeric suffix present, whoever rotated it). Compressed or dated copies made
+    by an external logrotate are not read."""
+    path = Path(path)
+    numbered: list[tuple[int, Path]] = []
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        siblings = []
+    for sibling in siblings:
+        if not sibling.name.startswith(path.name + "."):
+            continue
+        match = _ROTATED.search(sibling.name[len(path.name) :])
+        if match is not None and match.start() == 0:
+            numbered.append((int(match.group(1)), sibling))
+    return [path, *(p for _, p in sorted(numbered))]
+
+
+def _open_snapshot(path: str | Path) -> list[tuple[Path, Any]]:
+    """Open every file of the log, newest first, and return them oldest first.
+
+    Newest first, and each file once (by device and inode): a rotation that happens while
+    the files are being opened can then only make a file show up under a second name, which
+    is skipped, never make one be missed.
+    """
+    opened: list[tuple[Path, Any]] = []
+    seen: set[tuple[int, int]] = set()
+    for candidate in audit_files(path):
+        try:
+            handle = open(candidate, "rb")  # noqa: SIM115  # closed by the caller
+        except FileNotFoundError:
+            continue
+        st = os.fstat(handle.fileno())
+        if (st.st_dev, st.st_ino) in seen:
+            handle.close()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        opened.append((candidate, handle))
+    opened.reverse()
+    return opened
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
@@ -192,36 +683,43 @@ def read_audit(
     rule: str | None = None,
     since: datetime | None = None,
 ) -> AuditRead:
-    """Records of the audit log at ``path`` that match every filter given.
+    """Records of the audit log at ``path`` (its rotated files included, oldest first)
+    that match every filter given.
 
     A line that is not a JSON object (a torn last line after a crash, or damage) is skipped
     and counted in ``skipped``; reading never fails on content. A missing file reads empty.
     """
     result = AuditRead()
-    if not Path(path).exists():
-        return result
-    for number, raw in iter_lines(path):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            result.skipped += 1
-            result.skipped_lines.append(number)
-            continue
-        if namespace is not None and record.get("namespace") != namespace:
-            continue
-        if name is not None and record.get("name") != name:
-            continue
-        if user is not None and record.get("user") != user:
-            continue
-        if rule is not None and record.get("rule") != rule:
-            continue
-        if since is not None:
-            moment = parse_time(str(record.get("time", "")))
-            if moment is None or moment < since:
-                continue
-        result.records.append(record)
+    files = _open_snapshot(path)
+    try:
+        for source, handle in files:
+            result.files.append(source)
+            for number, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    record = None
+                if not isinstance(record, dict):
+                    result.skipped += 1
+                    result.skipped_lines.append(number)
+                    result.skipped_at.append((source, number))
+                    continue
+                if namespace is not None and record.get("namespace") != namespace:
+                    continue
+                if name is not None and record.get("name") != name:
+                    continue
+                if user is not None and record.get("user") != user:
+                    continue
+                if rule is not None and record.get("rule") != rule:
+                    continue
+                if since is not None:
+                    moment = parse_time(str(record.get("time", "")))
+                    if moment is None or moment < since:
+                        continue
+                result.records.append(record)
+    finally:
+        for _, handle in files:
+            handle.close()
     return result

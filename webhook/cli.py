@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     audit = subparsers.add_parser(
         "audit",
         help="list the enforcer's refusals from its audit log",
-        description="Print refusals from the enforcer's audit log, newest last.",
+        description="Print refusals from the enforcer's audit log (its rotated files "
+        "PATH.1, PATH.2, ... included), newest last.",
     )
     audit.add_argument("--config", metavar="FILE", help="configuration naming the audit log")
     audit.add_argument("--log", metavar="PATH", help="audit log file (overrides the config)")
@@ -152,10 +153,11 @@ def audit_command(args: argparse.Namespace) -> int:
     else:
         print_table(result.records, sys.stdout)
     if result.skipped:
-        lines = ", ".join(str(n) for n in result.skipped_lines[:10])
+        # file:line, since the log spans the current file and its rotated ones.
+        where = ", ".join(f"{source.name}:{n}" for source, n in result.skipped_at[:10])
         print(
             f"holdwarden audit: skipped {result.skipped} unreadable line(s) in {path} "
-            f"(line {lines}); a torn last line is expected after a crash",
+            f"and its rotated files ({where}); a torn last line is expected after a crash",
             file=sys.stderr,
         )
     return 0

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -35,6 +36,20 @@ DURATION = "holdwarden_webhook_review_duration_seconds"
 IN_FLIGHT = "holdwarden_webhook_in_flight_requests"
 AUDIT_ERRORS = "holdwarden_webhook_audit_write_errors"
 CERT_EXPIRY = "holdwarden_webhook_certificate_expiry_timestamp_seconds"
+AUDIT_WRITABLE = "holdwarden_webhook_audit_writable"
+AUDIT_FAILED_WRITES = "holdwarden_webhook_audit_failed_writes"
+AUDIT_REOPENS = "holdwarden_webhook_audit_reopens"
+AUDIT_ROTATIONS = "holdwarden_webhook_audit_rotations"
+CERT_RELOAD_REJECTED = "holdwarden_cert_reload_rejected"
+
+
+class AuditHealth(Protocol):
+    """What the metrics read from ``webhook.audit.AuditWriter`` at scrape time."""
+
+    writable: bool
+    failed_writes: int
+    rotations: int
+    reopens: dict[str, int]
 
 
 class Level:
@@ -71,12 +86,23 @@ class Metrics(Collector):
         self.in_flight = Level()
         self.audit_errors = Tally()
         self._not_after: Callable[[], datetime | None] = lambda: None
+        self._cert_rejections: Callable[[], Mapping[str, int]] = dict
+        self._audit: AuditHealth | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
     def track_certificate(self, not_after: Callable[[], datetime | None]) -> None:
         """Read the certificate's notAfter at every scrape (it changes on hot reload)."""
         self._not_after = not_after
+
+    def track_certificate_rejections(self, rejected: Callable[[], Mapping[str, int]]) -> None:
+        """Read, at every scrape, how many pairs hot reload refused to install, by reason."""
+        self._cert_rejections = rejected
+
+    def track_audit(self, audit: AuditHealth) -> None:
+        """Read the audit writer's health and counters at every scrape. Its counters are
+        ints bumped by its one writer thread; reading an int needs no lock."""
+        self._audit = audit
 
     def observe(
         self, resource: str, operation: str, decision: str, rule: str, seconds: float
@@ -119,6 +145,40 @@ class Metrics(Collector):
             CERT_EXPIRY,
             "notAfter of the serving certificate in use, as a Unix timestamp.",
             value=moment.timestamp() if moment is not None else math.nan,
+        )
+        rejected = CounterMetricFamily(
+            CERT_RELOAD_REJECTED,
+            "Certificate/key pairs hot reload refused to install, by reason.",
+            labels=("reason",),
+        )
+        for reason, count in sorted(dict(self._cert_rejections()).items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        audit = self._audit
+        if audit is None:
+            return
+        yield GaugeMetricFamily(
+            AUDIT_WRITABLE,
+            "1 while the audit log can be written, 0 from a failed write until one succeeds.",
+            value=1 if audit.writable else 0,
+        )
+        yield CounterMetricFamily(
+            AUDIT_FAILED_WRITES,
+            "Audit writes (batches, probes) that failed; the file was cut back to whole lines.",
+            value=audit.failed_writes,
+        )
+        reopens = CounterMetricFamily(
+            AUDIT_REOPENS,
+            "Times the audit log was reopened at its path, by reason (renamed, deleted, signal).",
+            labels=("reason",),
+        )
+        for reason, count in sorted(dict(audit.reopens).items()):
+            reopens.add_metric([reason], count)
+        yield reopens
+        yield CounterMetricFamily(
+            AUDIT_ROTATIONS,
+            "Times the audit log was rotated by size (webhook.auditMaxBytes).",
+            value=audit.rotations,
         )
 
     def exposition(self) -> bytes:

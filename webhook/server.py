@@ -33,10 +33,9 @@ from typing import Any, Protocol
 import msgspec
 from aiohttp import web
 
-from holdwarden import objects
 from holdwarden.config import Config, split_address
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
-from webhook.audit import AuditWriter, rfc3339
+from webhook.audit import AuditWriter, audit_record, rfc3339
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.review import (
     BadReview,
@@ -113,37 +112,14 @@ class State:
     ready: bool = False
     tls: TLSSource | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Each returns why the server must not be ready now (e.g. the audit log cannot be
+    # written), or None; /readyz fails while any says so.
+    unready_checks: list[Callable[[], str | None]] = field(default_factory=list)
 
 
 def _label(value: str, known: frozenset[str]) -> str:
     # Bounded label values: a fuzzer or a misregistered webhook must not blow up cardinality.
     return value if value in known else "other"
-
-
-def audit_record(review: Review, violation: Violation, now: datetime) -> dict[str, Any]:
-    """The audit line for one refusal."""
-    change = review.change
-    record: dict[str, Any] = {
-        "time": rfc3339(now),
-        "uid": review.uid,
-        "dryRun": review.dry_run,
-        "rule": str(violation.rule),
-        "message": violation.message,
-        "user": change.username,
-        "groups": list(change.groups),
-        "operation": change.operation,
-        "resource": change.resource,
-        "namespace": change.namespace,
-        "name": change.name,
-        "instance": violation.instance,
-    }
-    if change.is_trainjob:
-        record["oldSuspend"] = None if change.old is None else objects.suspended(change.old)
-        record["newSuspend"] = objects.suspended(change.new)
-    elif change.is_workload:
-        record["oldActive"] = None if change.old is None else objects.active(change.old)
-        record["newActive"] = objects.active(change.new)
-    return record
 
 
 class Enforcer:
@@ -203,7 +179,8 @@ class Enforcer:
 
     async def _validate(self, request: web.Request, started: float) -> web.Response:
         try:
-            review = parse_review(await self._read(request))
+            body = await self._read(request)
+            review = parse_review(body)
         except BadReview as bad:
             return self._bad(bad.status, bad.message, started)
         change = review.change
@@ -226,7 +203,7 @@ class Enforcer:
                     resource, operation, "allowed", "", time.perf_counter() - started
                 )
                 return web.Response(body=allow_bytes(review.uid), content_type=_JSON)
-            await self._audit(review, violation)
+            await self._audit(review, violation, body)
             log.info(
                 "refused",
                 extra={
@@ -247,9 +224,9 @@ class Enforcer:
             self.metrics.observe(resource, operation, "error", "", time.perf_counter() - started)
             return self._json(200, internal_error(review.uid, type(exc).__name__))
 
-    async def _audit(self, review: Review, violation: Violation) -> None:
+    async def _audit(self, review: Review, violation: Violation, body: bytes) -> None:
         try:
-            await self.audit.append(audit_record(review, violation, self.clock()))
+            await self.audit.append(audit_record(review, violation, self.clock(), body))
         except OSError as exc:
             # The refusal is still the safe answer; the failure is loud in logs and metrics.
             self.metrics.audit_errors.inc()
@@ -280,6 +257,9 @@ def _health_routes(state: State) -> list[web.RouteDef]:
 
     async def readyz(_: web.Request) -> web.Response:
         if state.ready:
+            reasons = [r for r in (check() for check in state.unready_checks) if r is not None]
+            if reasons:
+                return web.Response(status=503, text="not ready: " + "; ".join(reasons) + "\n")
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready: TLS site is not serving yet\n")
 
@@ -340,7 +320,12 @@ class EnforcerServer:
     ) -> None:
         self.config = config
         self.state = State(tls=tls)
-        self.audit = audit or AuditWriter(config.webhook.audit_log)
+        self.audit = audit or AuditWriter(
+            config.webhook.audit_log,
+            max_bytes=config.webhook.audit_max_bytes,
+            max_files=config.webhook.audit_max_files,
+        )
+        self.state.unready_checks.append(self.audit.unready_reason)
         self.metrics = metrics or Metrics()
         self.port = 0
         self.metrics_port = 0
@@ -357,6 +342,8 @@ class EnforcerServer:
         tls = self.state.tls if self.state.tls is not None else _load_tls(self.config)
         self.state.tls = tls
         self.metrics.track_certificate(lambda: tls.not_after)
+        self.metrics.track_certificate_rejections(lambda: getattr(tls, "rejected", {}))
+        self.metrics.track_audit(self.audit)
         self._watch = asyncio.create_task(tls.watch())
 
         metrics_runner = web.AppRunner(build_metrics_app(self.metrics, self.state))
@@ -387,6 +374,11 @@ class EnforcerServer:
                 }
             },
         )
+
+    def reopen_logs(self) -> None:
+        """SIGHUP: reopen the audit log at its path (after an external rotation)."""
+        log.info("reopening the audit log", extra={"fields": {"signal": "SIGHUP"}})
+        self.audit.reopen()
 
     async def stop(self) -> None:
         self.state.ready = False
@@ -425,6 +417,9 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
+            # SIGHUP (logrotate's postrotate) reopens the audit log; it must not end the
+            # process, which is its default action.
+            loop.add_signal_handler(signal.SIGHUP, server.reopen_logs)
             await stop.wait()
             log.info("stopping")
     finally:
