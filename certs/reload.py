@@ -13,6 +13,10 @@ Invariants:
     context, from the very same bytes (an in-memory copy), so a half-written file, a key
     that does not match its certificate or an unreadable file is ignored and the current
     certificate keeps being served;
+  - nor is it ever given a certificate that is expired or not yet valid (by ``clock``), or
+    whose public key is not the private key's: every handshake with it would fail. Each
+    refused pair is logged with its reason and counted once in ``rejected[reason]``
+    (reasons: ``REJECT_REASONS``), however many checks see it again;
   - ``reload_if_changed`` never raises for a bad pair on disk (it keeps serving the old
     one and reports ``last_error``);
   - ``watch`` never ends on an error (it logs it and tries again); only cancellation stops it.
@@ -27,12 +31,13 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from certs.generate import fingerprint
 
@@ -54,17 +59,42 @@ class _Loaded:
     not_after: datetime
 
 
+# Why a pair was not installed: the label values of holdwarden_cert_reload_rejected_total.
+UNREADABLE = "unreadable"  # missing or unreadable files
+MALFORMED = "malformed"  # not a PEM certificate or private key (e.g. half-written)
+KEY_MISMATCH = "key-mismatch"  # the key is not the certificate's
+EXPIRED = "expired"
+NOT_YET_VALID = "not-yet-valid"
+UNUSABLE = "unusable"  # OpenSSL refused the pair for another reason
+REJECT_REASONS = (UNREADABLE, MALFORMED, KEY_MISMATCH, EXPIRED, NOT_YET_VALID, UNUSABLE)
+
+
 class ReloadError(Exception):
-    """The certificate/key pair on disk cannot be served; the message says why."""
+    """The certificate/key pair on disk cannot be served; the message says why and
+    ``reason`` is one of ``REJECT_REASONS``."""
+
+    def __init__(self, message: str, reason: str = UNUSABLE, digest: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.digest = digest  # of the refused contents ("" when they could not be read)
 
 
 class ReloadingTLS:
     """A server ``SSLContext`` whose certificate follows the files on disk."""
 
-    def __init__(self, cert_path: str | Path, key_path: str | Path) -> None:
+    def __init__(
+        self,
+        cert_path: str | Path,
+        key_path: str | Path,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         """Load the pair now; a pair that cannot be served raises ``ReloadError``."""
         self.cert_path = Path(cert_path)
         self.key_path = Path(key_path)
+        self.clock = clock
+        self.rejected: dict[str, int] = {}
+        self._last_rejection: tuple[str, str] | None = None
         self._context = _new_context()
         self._stamp: _Stamp | None = None
         stamp = self._stat()
@@ -100,12 +130,25 @@ class ReloadingTLS:
         try:
             changed = self._reload()
         except ReloadError as exc:
-            if str(exc) != self.last_error:
-                log.warning("serving certificate not reloaded: %s", exc)
-            self.last_error = str(exc)
+            self._reject(exc)
             return False
         self.last_error = None
+        self._last_rejection = None
         return changed
+
+    def _reject(self, exc: ReloadError) -> None:
+        # Once per refused pair: the watcher sees the same bad files every second until
+        # they are fixed, and that is one rejection, not one a second.
+        seen = (exc.reason, exc.digest or str(exc))
+        if seen != self._last_rejection:
+            self._last_rejection = seen
+            self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
+            log.warning(
+                "serving certificate not reloaded: %s",
+                exc,
+                extra={"fields": {"reason": exc.reason, "certFile": str(self.cert_path)}},
+            )
+        self.last_error = str(exc)
 
     async def watch(self, interval: float = 1.0) -> None:
         """Check the files every ``interval`` seconds, forever; errors are logged, not raised.
@@ -133,7 +176,9 @@ class ReloadingTLS:
         self.reloads += 1
         log.info(
             "serving certificate reloaded",
-            extra={"fingerprint": self._loaded.fingerprint, "notAfter": str(self.not_after)},
+            extra={
+                "fields": {"fingerprint": self._loaded.fingerprint, "notAfter": str(self.not_after)}
+            },
         )
         return True
 
@@ -143,26 +188,72 @@ class ReloadingTLS:
         try:
             return _Stamp(_stat_tuple(self.cert_path), _stat_tuple(self.key_path))
         except OSError as exc:
-            raise ReloadError(f"cannot stat the certificate files: {exc}") from None
+            raise ReloadError(f"cannot stat the certificate files: {exc}", UNREADABLE) from None
 
     def _read(self) -> tuple[bytes, bytes]:
         try:
             return self.cert_path.read_bytes(), self.key_path.read_bytes()
         except OSError as exc:
-            raise ReloadError(f"cannot read the certificate files: {exc}") from None
+            raise ReloadError(f"cannot read the certificate files: {exc}", UNREADABLE) from None
 
-    def _install(self, cert_pem: bytes, key_pem: bytes) -> _Loaded:
+    def _check(self, cert_pem: bytes, key_pem: bytes) -> x509.Certificate:
+        """The certificate, if the pair may be served now; otherwise ``ReloadError``."""
+        digest = _digest(cert_pem, key_pem)
         try:
             cert = x509.load_pem_x509_certificate(cert_pem)
         except ValueError as exc:
-            raise ReloadError(f"{self.cert_path} is not a PEM certificate: {exc}") from None
+            raise ReloadError(
+                f"{self.cert_path} is not a PEM certificate: {exc}", MALFORMED, digest
+            ) from None
+        try:
+            key = serialization.load_pem_private_key(key_pem, password=None)
+        except (ValueError, TypeError) as exc:
+            raise ReloadError(
+                f"{self.key_path} is not an unencrypted PEM private key: {exc}", MALFORMED, digest
+            ) from None
+        spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+            raise ReloadError(
+                f"{self.cert_path} and {self.key_path} are not a usable pair: the key does "
+                f"not match the certificate",
+                KEY_MISMATCH,
+                digest,
+            )
+        now = self.clock()
+        if now < cert.not_valid_before_utc:
+            raise ReloadError(
+                f"{self.cert_path} is not valid yet: notBefore "
+                f"{cert.not_valid_before_utc.isoformat()} is after now ({now.isoformat()}); "
+                f"check the clocks of this machine and of the one that made it",
+                NOT_YET_VALID,
+                digest,
+            )
+        if now > cert.not_valid_after_utc:
+            raise ReloadError(
+                f"{self.cert_path} has expired: notAfter "
+                f"{cert.not_valid_after_utc.isoformat()} is before now ({now.isoformat()}); "
+                f"renew it (holdwarden certs renew)",
+                EXPIRED,
+                digest,
+            )
+        return cert
+
+    def _install(self, cert_pem: bytes, key_pem: bytes) -> _Loaded:
+        try:
+            cert = self._check(cert_pem, key_pem)
+        except ReloadError as exc:
+            if self._stamp is None:  # the first load: counted as well, then raised
+                self._reject(exc)
+            raise
         with _memory_file(cert_pem) as cert_file, _memory_file(key_pem) as key_file:
             scratch = _new_context()
             try:
                 scratch.load_cert_chain(cert_file, key_file)
             except (ssl.SSLError, OSError, ValueError) as exc:
                 raise ReloadError(
-                    f"{self.cert_path} and {self.key_path} are not a usable pair: {exc}"
+                    f"{self.cert_path} and {self.key_path} are not a usable pair: {exc}",
+                    UNUSABLE,
+                    _digest(cert_pem, key_pem),
                 ) from None
             # Same bytes as just validated, so this cannot fail half-way and leave the
             # live context with a certificate but no matching key. Safe to do in place:
