@@ -21,6 +21,7 @@ from adapter.kube import Adapter
 from adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden import kubeclient
 from holdwarden.config import Config, ConfigError, parse_duration
+from holdwarden.vocabulary import MAX_HOLD_INSTANCE, check_hold_instance
 
 USAGE_ERROR = 2
 
@@ -33,9 +34,13 @@ def _ref(text: str) -> Ref:
 
 
 def _instance(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a hold instance, an integer >= 1")
-    return int(text)
+    """A decimal hold instance within the shared bound (vocabulary.MAX_HOLD_INSTANCE)."""
+    try:
+        return check_hold_instance(int(text) if text.isdigit() else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a hold instance, an integer in [1, {MAX_HOLD_INSTANCE}]"
+        ) from None
 
 
 def _timeout(text: str) -> timedelta:

@@ -40,17 +40,20 @@ from holdwarden.vocabulary import (
     DEACTIVATION_TARGET_CONDITION,
     EVICTED_CONDITION,
     KUEUE_DEACTIVATED_DUE_TO_PREFIX,
+    MAX_HOLD_INSTANCE,
     QUEUE_NAME_LABEL,
     TRAINJOB,
     Annotations,
     Mode,
     format_hold_instance,
+    is_hold_instance,
     parse_hold_instance,
 )
 
 Obj = dict[str, Any]
 
 MAX_REASON_LENGTH = 1024
+_BAD_INSTANCE = f"hold instance must be an integer in [1, {MAX_HOLD_INSTANCE}], got {{!r}}"
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _RFC1035_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -148,8 +151,8 @@ def decide_hold(
     with m; it never removes or lowers a newer instance; in Kueue mode it never touches
     ``spec.suspend``.
     """
-    if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
-        return Decision(Outcome.INVALID, detail=f"hold instance must be >= 1, got {instance!r}")
+    if not is_hold_instance(instance):
+        return Decision(Outcome.INVALID, detail=_BAD_INSTANCE.format(instance))
     if not isinstance(reason, str) or len(reason) > MAX_REASON_LENGTH:
         return Decision(
             Outcome.INVALID, detail=f"reason must be text of at most {MAX_REASON_LENGTH} chars"
@@ -200,8 +203,8 @@ def decide_release(
     — and only when ``pods_remain`` is False (True → PODS_REMAIN, nothing written).
     ``pods_remain`` may be None only when ``release_would_unsuspend`` is False.
     """
-    if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
-        return Decision(Outcome.INVALID, detail=f"hold instance must be >= 1, got {instance!r}")
+    if not is_hold_instance(instance):
+        return Decision(Outcome.INVALID, detail=_BAD_INSTANCE.format(instance))
     raw = objects.hold_instance_text(obj, annotations)
     current = parse_hold_instance(raw)
     if current != instance:

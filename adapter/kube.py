@@ -59,6 +59,7 @@ from holdwarden.vocabulary import (
     Mode,
     Resource,
     RuleId,
+    check_hold_instance,
 )
 
 MAX_RETRIES = 8
@@ -339,9 +340,12 @@ class Adapter:
     @staticmethod
     def _instance(meta: CallMeta) -> int:
         instance = meta.instance
-        if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
-            raise Invalid(f"hold instance must be an integer >= 1, got {instance!r}")
-        return instance
+        # The one bound (vocabulary.MAX_HOLD_INSTANCE), checked here, before any request:
+        # an instance the enforcer and every parser would call malformed is never written.
+        try:
+            return check_hold_instance(instance)
+        except ValueError as exc:
+            raise Invalid(str(exc)) from exc
 
     def _require_hold(self, namespace: str, deadline: datetime) -> None:
         result = self._preflights.get(namespace)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, TypeGuard
 
 DEFAULT_ANNOTATION_PREFIX = "holdwarden.io"
 
@@ -112,23 +112,52 @@ DEACTIVATED_REASON = "Deactivated"
 DEACTIVATION_TARGET_CONDITION = "DeactivationTarget"
 EVICTED_CONDITION = "Evicted"
 
-# A hold instance is written in canonical decimal: no sign, no leading zero, no spaces.
-# Anything else is garbled, so "01" and "1" can never be two spellings of one instance.
+# A hold instance is an integer in [1, MAX_HOLD_INSTANCE]: Kubernetes' int64, so any
+# program that stores or compares it as a 64-bit integer (Go, CEL, a database column) agrees
+# with us (design.md, "hold-instance-malformed"). The adapter refuses a larger one before
+# any request (Invalid), the enforcer refuses it as malformed, and every reader parses it as
+# no instance. Without the bound, 10**19 was written by Hold and then never matched by
+# Release's parser ("instance '10000000000000000000' is in force, not 10000000000000000000").
+MAX_HOLD_INSTANCE = 2**63 - 1
+
+# It is written in canonical decimal: no sign, no leading zero, no spaces. Anything else is
+# garbled, so "01" and "1" can never be two spellings of one instance. 19 digits is the
+# length of MAX_HOLD_INSTANCE; the value check below does the rest.
 _INSTANCE_RE = re.compile(r"[1-9][0-9]{0,18}")
+
+
+def is_hold_instance(value: object) -> TypeGuard[int]:
+    """True for an ``int`` (not a ``bool``) in [1, MAX_HOLD_INSTANCE]: the one bound."""
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_HOLD_INSTANCE
+    )
+
+
+def check_hold_instance(value: object) -> int:
+    """Return ``value`` if it is a hold instance; raise ValueError saying the bound if not.
+
+    The adapter and the CLI call this once, at the boundary, before any request is sent.
+    """
+    if not is_hold_instance(value):
+        raise ValueError(
+            f"hold instance must be an integer >= 1 and <= 2^63-1 ({MAX_HOLD_INSTANCE}),"
+            f" got {value!r}"
+        )
+    return value
 
 
 def parse_hold_instance(value: object) -> int | None:
     """Return the instance a ``hold-instance`` annotation value names, or None if malformed.
 
-    Invariant: the result is an int >= 1 whose canonical decimal spelling equals ``value``.
+    Invariant: the result is an int in [1, MAX_HOLD_INSTANCE] whose canonical decimal
+    spelling equals ``value``; "9223372036854775808" (2^63) and longer are malformed.
     """
     if not isinstance(value, str) or _INSTANCE_RE.fullmatch(value) is None:
         return None
-    return int(value)
+    number = int(value)
+    return number if number <= MAX_HOLD_INSTANCE else None
 
 
 def format_hold_instance(instance: int) -> str:
-    """The canonical annotation value for an instance (>= 1)."""
-    if isinstance(instance, bool) or not isinstance(instance, int) or instance < 1:
-        raise ValueError(f"hold instance must be an integer >= 1, got {instance!r}")
-    return str(instance)
+    """The canonical annotation value for an instance in [1, MAX_HOLD_INSTANCE]."""
+    return str(check_hold_instance(instance))

@@ -29,11 +29,13 @@ from enum import StrEnum
 from typing import Any
 
 from holdwarden import objects
-from holdwarden.vocabulary import Annotations
+from holdwarden.vocabulary import Annotations, parse_hold_instance
 
 Obj = Mapping[str, Any]
 
-_GRANTED_RE = re.compile(r"holdwarden: attempt ([1-9][0-9]{0,18}) admitted")
+# The number is parsed by the one shared parser, so a granted attempt obeys the same int64
+# bound as every hold instance and P/attempt (vocabulary.MAX_HOLD_INSTANCE).
+_GRANTED_RE = re.compile(r"holdwarden: attempt ([0-9]+) admitted")
 
 
 class GateAction(StrEnum):
@@ -70,7 +72,7 @@ def granted_attempt(message: object) -> int | None:
     if not isinstance(message, str):
         return None
     match = _GRANTED_RE.fullmatch(message)
-    return int(match.group(1)) if match else None
+    return parse_hold_instance(match.group(1)) if match else None
 
 
 def why_waiting(

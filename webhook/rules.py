@@ -51,6 +51,7 @@ from typing import Any
 from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
+    MAX_HOLD_INSTANCE,
     QUEUE_NAME_LABEL,
     TRAINJOB,
     WORKLOAD,
@@ -258,7 +259,10 @@ def hold_instance_monotonic(change: Change, config: RulesConfig) -> Violation | 
 
 
 def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | None:
-    """A NEW or CHANGED ``P/hold-instance`` must be canonical decimal >= 1."""
+    """A NEW or CHANGED ``P/hold-instance`` must be canonical decimal in [1, 2^63-1].
+
+    The bound is ``vocabulary.MAX_HOLD_INSTANCE`` (via ``parse_hold_instance``), the one the
+    adapter checks before it writes, so "9223372036854775808" is refused here too."""
     new_raw = objects.hold_instance_text(change.new, config.hold_key)
     if new_raw is None or parse_hold_instance(new_raw) is not None:
         return None
@@ -268,8 +272,9 @@ def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | 
     return Violation(
         rule,
         f"{_prefix(rule, change)}: {config.annotations.hold_instance}={new_raw!r} is not a "
-        f"hold instance; write it as a decimal integer >= 1 with no sign, spaces or leading "
-        f'zeros (e.g. "3"), or remove the {config.annotations.prefix}/hold-* annotations.',
+        f"hold instance; write it as a decimal integer from 1 to {MAX_HOLD_INSTANCE} with "
+        f'no sign, spaces or leading zeros (e.g. "3"), or remove the '
+        f"{config.annotations.prefix}/hold-* annotations.",
         new_raw,
     )
 
