@@ -164,7 +164,7 @@ class Metrics(Collector):
         )
         yield CounterMetricFamily(
             AUDIT_FAILED_WRITES,
-            "Audit writes (batches, probes) that failed; the file was cut back to whole lines.",
+            "Audit log writes (or reopens) that failed; the file was left with whole lines.",
             value=audit.failed_writes,
         )
         reopens = CounterMetricFamily(
