@@ -1,0 +1,161 @@
+"""The CEL ``matchConditions`` that narrow which writes the apiserver sends to the enforcer.
+
+With ``failurePolicy: Fail``, every write the apiserver sends is refused while no enforcer
+replica answers. So the apiserver should send only the writes that could break a hold
+invariant, and decide that itself, before calling anyone. A write is sent when
+
+  (H) the old or the new object carries one of the hold annotations
+      (``P/hold-instance``, ``P/hold-reason``, ``P/held-at``, ``P/held-by``), or
+  (K) it is an UPDATE of a TrainJob whose effective ``spec.suspend`` (absent = false)
+      changes, the old or the new object carries the Kueue queue label, and the writer
+      is not one of ``kueue.identities`` (by username or by any group).
+
+Why this set, checked against ``webhook/rules.py`` (tests/test_webhook_blast_radius.py
+proves it with the conditions evaluated by the real apiserver):
+
+  - ``held-*`` and ``hold-instance-malformed`` need the new object to carry
+    ``P/hold-instance``; ``hold-instance-monotonic`` needs both to: all inside (H).
+  - ``kueue-owns-suspend`` refuses exactly (K); Kueue's own suspend changes pass without
+    a call, so Kueue can admit and preempt unheld jobs while the enforcer is down.
+  - the optional ``hold-owner-only`` rule (design.md) refuses changes to the hold
+    annotations and the reactivation of a held Workload: both have a hold annotation on
+    the old or the new object, so (H) already sends them.
+  - ``P/opened`` and ``P/attempt`` are deliberately not in (H): no rule reads them, and
+    matching them would send every write to every opened TrainJob.
+
+On CREATE ``oldObject`` is null, and an error in a condition would count as a failed call
+(refused, with ``failurePolicy: Fail``), so every access is null-safe (optional field
+selection, ``orValue``). The cost is constant: four key lookups per object, one label
+lookup per object, and the identity list.
+
+``manifests/webhook.yaml`` ships ``render()`` for the default configuration (a test checks
+they agree). For another ``annotationPrefix`` or other ``kueue.identities``, print an
+overlay patch with ``python -m webhook.match_conditions --prefix P --kueue-identity ID``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from holdwarden.vocabulary import (
+    DEFAULT_ANNOTATION_PREFIX,
+    DEFAULT_KUEUE_IDENTITIES,
+    QUEUE_NAME_LABEL,
+    TRAINJOB,
+)
+
+CONDITION_NAME = "could-break-a-hold"
+
+# The hold keys without their prefix (vocabulary.Annotations.hold_keys, the same four).
+HOLD_KEY_SUFFIXES = ("hold-instance", "hold-reason", "held-at", "held-by")
+
+
+def _literal(text: str) -> str:
+    """A CEL string literal. JSON's escapes (\\", \\\\, \\uXXXX) are valid CEL escapes."""
+    return json.dumps(text)
+
+
+def _list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(_literal(item) for item in items) + "]"
+
+
+def render(
+    prefix: str = DEFAULT_ANNOTATION_PREFIX,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+) -> str:
+    """The CEL expression for ``annotationPrefix`` ``prefix`` and ``kueue.identities``."""
+    ids = _list(kueue_identities)
+    return "\n".join(
+        [
+            "[object, oldObject].exists(o, o != null &&",
+            f"  {_list(HOLD_KEY_SUFFIXES)}.exists(k,",
+            f"    ({_literal(prefix + '/')} + k) in o.?metadata.?annotations.orValue({{}})))",
+            f"|| (request.resource.resource == {_literal(TRAINJOB.plural)}",
+            "    && object != null && oldObject != null",
+            "    && (object.?spec.?suspend.orValue(false) == true)",
+            "       != (oldObject.?spec.?suspend.orValue(false) == true)",
+            "    && [object, oldObject].exists(o,",
+            f"         {_literal(QUEUE_NAME_LABEL)} in o.?metadata.?labels.orValue({{}}))",
+            f"    && !(request.userInfo.username in {ids}",
+            f"         || request.userInfo.?groups.orValue([]).exists(g, g in {ids})))",
+        ]
+    )
+
+
+def match_conditions(
+    prefix: str = DEFAULT_ANNOTATION_PREFIX,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+) -> list[dict[str, str]]:
+    """The ``matchConditions`` list of the enforcer's webhook."""
+    return [{"name": CONDITION_NAME, "expression": render(prefix, kueue_identities)}]
+
+
+def same_expression(a: str, b: str) -> bool:
+    """Two expressions are the same up to whitespace (YAML folding, indentation).
+
+    Safe because no literal the expression contains has a space in it.
+    """
+    return a.split() == b.split()
+
+
+def overlay_patch(prefix: str, kueue_identities: Sequence[str]) -> str:
+    """A kustomize JSON 6902 patch that replaces the shipped condition's expression.
+
+    JSON 6902 rather than a strategic merge: its meaning does not depend on the merge keys
+    kustomize knows for this kind. Use it from an overlay's kustomization.yaml with
+    ``target: {kind: ValidatingWebhookConfiguration, name: holdwarden-enforcer}``.
+    """
+    ops = [
+        {
+            "op": "replace",
+            "path": "/webhooks/0/matchConditions/0/expression",
+            "value": render(prefix, kueue_identities),
+        }
+    ]
+
+    # Block style for the multi-line expression, so the patch stays readable.
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, _str)
+    header = (
+        "# holdwarden matchConditions for annotationPrefix "
+        f"{prefix!r}; kueue.identities {list(kueue_identities)!r}.\n"
+        "# kustomization.yaml: patches: [{path: THIS_FILE, target: "
+        "{kind: ValidatingWebhookConfiguration, name: holdwarden-enforcer}}]\n"
+    )
+    return header + yaml.dump(ops, Dumper=_Dumper, sort_keys=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print an overlay patch for a configuration other than the shipped default."""
+    parser = argparse.ArgumentParser(
+        prog="python -m webhook.match_conditions",
+        description="Print a kustomize patch with the enforcer's matchConditions for the "
+        "given annotationPrefix and kueue.identities (they must equal the ConfigMap's).",
+    )
+    parser.add_argument("--prefix", default=DEFAULT_ANNOTATION_PREFIX)
+    parser.add_argument(
+        "--kueue-identity",
+        action="append",
+        dest="identities",
+        metavar="ID",
+        help="a user or group in kueue.identities (repeat; default: Kueue's service account)",
+    )
+    args = parser.parse_args(argv)
+    identities = tuple(args.identities) if args.identities else DEFAULT_KUEUE_IDENTITIES
+    sys.stdout.write(overlay_patch(args.prefix, identities))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
