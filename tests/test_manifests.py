@@ -69,6 +69,7 @@ def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system()
             "Service",
             "PodDisruptionBudget",
             "ValidatingWebhookConfiguration",
+            "NetworkPolicy",
         ]
     )
     for name, doc in DOCS:
@@ -225,6 +226,7 @@ _PATHS = {
     "Service": "/api/v1/namespaces/{ns}/services",
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     "ValidatingWebhookConfiguration": (
