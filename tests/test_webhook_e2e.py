@@ -2,9 +2,10 @@
 
 The server runs in this process (its own thread and event loop, TLS with a certificate from
 ``certs.generate`` for IP 127.0.0.1); a ValidatingWebhookConfiguration points the real
-apiserver at it. The configuration only matches namespaces carrying this module's own
-label with a random value, so no other test is ever judged by it, and it is deleted at the
-end of the module.
+apiserver at it, with the shipped ``matchConditions`` (read from manifests/webhook.yaml), so
+these tests go through the same narrowing the installed enforcer does. The configuration
+only matches namespaces carrying this module's own label with a random value, so no other
+test is ever judged by it, and it is deleted at the end of the module.
 
 Writes are made the ways people and tools make them (merge patch, JSON patch, update,
 server-side apply) as the impersonated editor ``alice``, by Kueue and by Trainer.
@@ -35,6 +36,7 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from tests.k8s_objects import trainjob_body, workload_body
+from tests.shipped_webhook import shipped_match_conditions
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
 
@@ -142,6 +144,8 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
                 },
                 "rules": [rule],
                 "namespaceSelector": {"matchLabels": {E2E_LABEL: token}},
+                # What ships: the apiserver sends only the writes that could break a hold.
+                "matchConditions": shipped_match_conditions(),
             }
         ],
     }
