@@ -61,6 +61,32 @@ DECIDED_ON_ANNOTATION = "test.holdwarden.io/decided-on-rv"
 DECIDED_ON_WORKLOAD_ANNOTATION = "test.holdwarden.io/unsuspend-decided-on-workload-rv"
 """Written by the KueueActor with each unsuspend: the Workload resourceVersion it read."""
 MAX_WRITE_TRIES = 50
+KUEUE_RUNTIME_PATCH_MANAGER = "kueue.x-k8s.io/manager"
+KUEUE_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+KUEUE_PODSET_LABEL = "kueue.x-k8s.io/podset"
+
+
+def kueue_runtime_patch(workload_name: str, replicated_job: str = "node") -> Obj:
+    """The ``spec.runtimePatches`` entry real Kueue writes when it starts a TrainJob."""
+    pod_meta = {
+        "labels": {KUEUE_PODSET_LABEL: replicated_job},
+        "annotations": {KUEUE_WORKLOAD_ANNOTATION: workload_name},
+    }
+    return {
+        "manager": KUEUE_RUNTIME_PATCH_MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": replicated_job,
+                            "template": {"spec": {"template": {"metadata": pod_meta}}},
+                        }
+                    ]
+                }
+            }
+        },
+    }
 
 
 class ActorError(AssertionError):
@@ -452,10 +478,15 @@ class KueueActor(_Actor):
         if not is_suspended(trainjob):
             self._set_suspend(name, True)
 
-    def _admitted(self, workload: Obj) -> bool:
+    def _reserved(self, workload: Obj) -> bool:
+        """Quota is reserved (Kueue's first step; with admission checks, admission waits)."""
         return condition_is_true(workload, "QuotaReserved") or bool(
             (workload.get("status") or {}).get("admission")
         )
+
+    def _admitted(self, workload: Obj) -> bool:
+        """Admitted: quota reserved and every admission check Ready (Kueue's second step)."""
+        return condition_is_true(workload, "Admitted")
 
     def _check_state(self, workload: Obj) -> str | None:
         for check in (workload.get("status") or {}).get("admissionChecks") or []:
@@ -479,16 +510,58 @@ class KueueActor(_Actor):
             }
         )
         workload["status"]["admissionChecks"] = others
+        if not self._reserved(workload):
+            set_condition(
+                workload,
+                "Admitted",
+                "False",
+                "NoReservationUnsatisfiedChecks",
+                "The workload has no reservation and not all checks ready",
+            )
         return True
 
-    def _gate_open(self, trainjob: Obj, workload: Obj) -> bool:
-        if self.admission_check is not None:
-            if self._check_state(workload) is None:
-                self.io.update(
-                    WORKLOAD, workload["metadata"]["name"], self._list_check, status=True
-                )
+    def _assign(self, obj: Obj) -> None:
+        """Reserve quota: ``status.admission`` matching ``spec.podSets`` (the CRD's CEL)."""
+        status = obj.setdefault("status", {})
+        status["admission"] = {
+            "clusterQueue": CLUSTER_QUEUE,
+            "podSetAssignments": [
+                {
+                    "name": ps.get("name", "main"),
+                    "count": ps.get("count", 1),
+                    "flavors": {"cpu": RESOURCE_FLAVOR},
+                    "resourceUsage": {"cpu": str(ps.get("count", 1))},
+                }
+                for ps in obj["spec"]["podSets"]
+            ],
+        }
+        set_condition(
+            obj, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in {CLUSTER_QUEUE}"
+        )
+        if find_condition(obj, EVICTED_CONDITION) is not None:
+            set_condition(obj, EVICTED_CONDITION, "False", "QuotaReserved", "Previously evicted")
+        status.pop("requeueState", None)
+
+    def _reserve(self, workload: Obj) -> None:
+        """Kueue's first step with admission checks: quota reserved, not yet admitted."""
+
+        def reserve(obj: Obj) -> bool:
+            if not is_active(obj) or self._reserved(obj):
                 return False
-            return self._check_state(workload) == "Ready"
+            self._assign(obj)
+            set_condition(
+                obj,
+                "Admitted",
+                "False",
+                "UnsatisfiedChecks",
+                "The workload has not all admission checks",
+            )
+            return True
+
+        self.io.update(WORKLOAD, workload["metadata"]["name"], reserve, status=True)
+
+    def _gate_open(self, trainjob: Obj, workload: Obj) -> bool:
+        """Without an AdmissionCheck: the gate the actor plays itself (or none)."""
         if not self.readmission_gate:
             return True
         if not annotations_of(trainjob).get(self.annotations.opened):
@@ -505,7 +578,7 @@ class KueueActor(_Actor):
             if (
                 evicted.get("status") != "True"
                 or evicted.get("reason") != self._eviction_reason(wl_name)
-                or self._admitted(workload)
+                or self._reserved(workload)
             ):
                 self._evict(trainjob, workload)
             elif not is_suspended(trainjob):
@@ -527,6 +600,18 @@ class KueueActor(_Actor):
             # Running without an admitted Workload: Kueue stops it.
             self._set_suspend(tj_name, True)
             return
+        if self.admission_check is not None:
+            # Real Kueue, seen with v0.19.2: quota is reserved first and kept while the
+            # check is Pending (even for a job not opened yet); Admitted follows once it is
+            # Ready.
+            if self._check_state(workload) is None:
+                self.io.update(WORKLOAD, wl_name, self._list_check, status=True)
+            elif not self._reserved(workload):
+                self._reserve(workload)
+            elif self._check_state(workload) == "Ready":
+                self._admit(workload)
+                self._unsuspend(tj_name, wl_name)
+            return
         if self._gate_open(trainjob, workload):
             self._admit(workload)
             self._unsuspend(tj_name, wl_name)
@@ -535,7 +620,9 @@ class KueueActor(_Actor):
         def admit(obj: Obj) -> bool:
             if not is_active(obj) or self._admitted(obj):
                 return False
-            if self.admission_check is not None and self._check_state(obj) != "Ready":
+            if self.admission_check is not None and (
+                self._check_state(obj) != "Ready" or not self._reserved(obj)
+            ):
                 return False
             if (
                 self.admission_check is None
@@ -543,28 +630,9 @@ class KueueActor(_Actor):
                 and self.annotations.hold_instance in annotations_of(obj)
             ):
                 return False
-            status = obj.setdefault("status", {})
-            status["admission"] = {
-                "clusterQueue": CLUSTER_QUEUE,
-                "podSetAssignments": [
-                    {
-                        "name": ps.get("name", "main"),
-                        "count": ps.get("count", 1),
-                        "flavors": {"cpu": RESOURCE_FLAVOR},
-                        "resourceUsage": {"cpu": str(ps.get("count", 1))},
-                    }
-                    for ps in obj["spec"]["podSets"]
-                ],
-            }
-            set_condition(
-                obj, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in {CLUSTER_QUEUE}"
-            )
+            if not self._reserved(obj):
+                self._assign(obj)  # no checks: reservation and admission in one step
             set_condition(obj, "Admitted", "True", "Admitted", "The workload is admitted")
-            if find_condition(obj, EVICTED_CONDITION) is not None:
-                set_condition(
-                    obj, EVICTED_CONDITION, "False", "QuotaReserved", "Previously evicted"
-                )
-            status.pop("requeueState", None)
             return True
 
         if self.io.update(WORKLOAD, workload["metadata"]["name"], admit, status=True):
@@ -579,10 +647,34 @@ class KueueActor(_Actor):
         wl_name = workload["metadata"]["name"]
         reason = self._eviction_reason(wl_name)
 
+        cause = (
+            reason.removeprefix(KUEUE_DEACTIVATED_DUE_TO_PREFIX)
+            if reason != (DEACTIVATED_REASON)
+            else ""
+        )
+
         def evicted(obj: Obj) -> bool:
             if is_active(obj):
                 return False
             set_condition(obj, EVICTED_CONDITION, "True", reason, "The workload is deactivated")
+            # As real Kueue: Requeued=False/Deactivated, and eviction statistics keyed by
+            # reason "Deactivated" and the underlying cause ("" for a manual deactivation).
+            set_condition(
+                obj, "Requeued", "False", DEACTIVATED_REASON, "The workload is deactivated"
+            )
+            stats = obj.setdefault("status", {}).setdefault("schedulingStats", {})
+            evictions = stats.setdefault("evictions", [])
+            for entry in evictions:
+                if (
+                    entry.get("reason") == DEACTIVATED_REASON
+                    and entry.get("underlyingCause") == cause
+                ):
+                    entry["count"] = int(entry.get("count", 0)) + 1
+                    break
+            else:
+                evictions.append(
+                    {"reason": DEACTIVATED_REASON, "underlyingCause": cause, "count": 1}
+                )
             if self.admission_check is not None:
                 # Kueue resets every admission check on eviction.
                 self._list_check(obj, "Pending")
@@ -603,7 +695,14 @@ class KueueActor(_Actor):
             status = obj.setdefault("status", {})
             status.pop("admission", None)
             set_condition(obj, "QuotaReserved", "False", "Pending", "The workload is deactivated")
-            set_condition(obj, "Admitted", "False", "NoReservation", "No quota reserved")
+            no_checks = self.admission_check is not None and self._check_state(obj) != "Ready"
+            set_condition(
+                obj,
+                "Admitted",
+                "False",
+                "NoReservationUnsatisfiedChecks" if no_checks else "NoReservation",
+                "No quota reserved",
+            )
             remove_condition(obj, DEACTIVATION_TARGET_CONDITION)
             return True
 
@@ -621,6 +720,15 @@ class KueueActor(_Actor):
             if not is_suspended(obj):
                 return False
             obj["spec"]["suspend"] = False
+            # As real Kueue starting a TrainJob: its own runtime patch (pod labels and the
+            # Workload's name), in the same write as the unsuspend.
+            patches = [
+                p
+                for p in obj["spec"].get("runtimePatches") or []
+                if p.get("manager") != KUEUE_RUNTIME_PATCH_MANAGER
+            ]
+            patches.append(kueue_runtime_patch(wl_name))
+            obj["spec"]["runtimePatches"] = patches
             meta = obj["metadata"]
             meta.setdefault("annotations", {})[DECIDED_ON_WORKLOAD_ANNOTATION] = decided_on
             return True
@@ -631,7 +739,19 @@ class KueueActor(_Actor):
         def mutate(obj: Obj) -> bool:
             if is_suspended(obj) == suspend:
                 return False
-            obj.setdefault("spec", {})["suspend"] = suspend
+            spec = obj.setdefault("spec", {})
+            spec["suspend"] = suspend
+            if suspend and spec.get("runtimePatches"):
+                # Stopping restores the job: Kueue removes its own runtime patch.
+                kept = [
+                    p
+                    for p in spec["runtimePatches"]
+                    if p.get("manager") != KUEUE_RUNTIME_PATCH_MANAGER
+                ]
+                if kept:
+                    spec["runtimePatches"] = kept
+                else:
+                    spec.pop("runtimePatches")
             return True
 
         self.io.update(TRAINJOB, trainjob_name, mutate)
@@ -683,9 +803,13 @@ class TrainerActor(_Actor):
         delete_delay: float = 0.5,
         pods_per_job: int = 2,
         status_heartbeat: float | None = 0.3,
+        pods_api: k8s.ApiClient | None = None,
     ) -> None:
         super().__init__(interval)
         self.io = _ObjectIO(api, namespace)
+        # Pods are written as kube-controller-manager's Job controller, as in a real cluster
+        # (JobSet makes Jobs; the Job controller makes and deletes their pods).
+        self.pods = k8s.CoreV1Api(pods_api) if pods_api is not None else self.io.core
         self.create_delay = create_delay
         self.delete_delay = delete_delay
         self.pods_per_job = pods_per_job
@@ -751,13 +875,13 @@ class TrainerActor(_Actor):
                     containers=[k8s.V1Container(name="node", image="busybox")],
                 ),
             )
-            self.io.core.create_namespaced_pod(self.io.namespace, pod)
+            self.pods.create_namespaced_pod(self.io.namespace, pod)
             self.pods_created += 1
 
     def _delete(self, pods: list[Any]) -> None:
         for pod in pods:
             try:
-                self.io.core.delete_namespaced_pod(pod.metadata.name, self.io.namespace)
+                self.pods.delete_namespaced_pod(pod.metadata.name, self.io.namespace)
                 self.pods_deleted += 1
             except k8s.ApiException as exc:
                 if exc.status != 404:

@@ -19,6 +19,7 @@ from kubernetes import client as k8s
 
 from holdwarden.localcluster import (
     EDITOR_USER,
+    JOB_CONTROLLER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     TRAINER_IDENTITY,
@@ -124,6 +125,12 @@ def kueue_client(cluster: LocalCluster) -> Iterator[k8s.ApiClient]:
 @pytest.fixture
 def trainer_client(cluster: LocalCluster) -> Iterator[k8s.ApiClient]:
     yield from _client(cluster, TRAINER_IDENTITY)
+
+
+@pytest.fixture
+def job_controller_client(cluster: LocalCluster) -> Iterator[k8s.ApiClient]:
+    """kube-controller-manager's Job controller: it writes the pods of a TrainJob's Jobs."""
+    yield from _client(cluster, JOB_CONTROLLER_IDENTITY)
 
 
 @pytest.fixture

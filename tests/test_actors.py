@@ -164,12 +164,13 @@ def test_kueue_actor_admits_only_through_the_gate_then_evicts_on_deactivation(
 def test_kueue_actor_gate_waits_for_pods_and_holds(
     kueue_client: k8s.ApiClient,
     trainer_client: k8s.ApiClient,
+    job_controller_client: k8s.ApiClient,
     admin_client: k8s.ApiClient,
     namespace: str,
 ) -> None:
     with (
         KueueActor(kueue_client, namespace) as kueue,
-        TrainerActor(trainer_client, namespace, delete_delay=1.0),
+        TrainerActor(trainer_client, namespace, delete_delay=1.0, pods_api=job_controller_client),
     ):
         body = trainjob_body("job", queue="q", suspend=True)
         body["metadata"]["annotations"] = {ANN.opened: "2026-01-01T00:00:00Z"}
@@ -259,9 +260,18 @@ def test_kueue_actor_heartbeat_makes_conflicts_routine(
 
 
 def test_trainer_actor_pods_follow_suspend_with_delays(
-    trainer_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+    trainer_client: k8s.ApiClient,
+    admin_client: k8s.ApiClient,
+    namespace: str,
+    job_controller_client: k8s.ApiClient,
 ) -> None:
-    with TrainerActor(trainer_client, namespace, create_delay=0.2, delete_delay=1.0) as trainer:
+    with TrainerActor(
+        trainer_client,
+        namespace,
+        create_delay=0.2,
+        delete_delay=1.0,
+        pods_api=job_controller_client,
+    ) as trainer:
         _create_tj(admin_client, namespace, trainjob_body("job", suspend=True))
         time.sleep(0.5)
         assert _pods(admin_client, namespace, "job") == [], "a suspended TrainJob has no pods"
@@ -283,11 +293,20 @@ def test_trainer_actor_pods_follow_suspend_with_delays(
 
 
 def test_watcher_sees_every_change_in_resource_version_order(
-    trainer_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+    trainer_client: k8s.ApiClient,
+    admin_client: k8s.ApiClient,
+    namespace: str,
+    job_controller_client: k8s.ApiClient,
 ) -> None:
     with (
         Watcher(admin_client, namespace) as watcher,
-        TrainerActor(trainer_client, namespace, create_delay=0.0, delete_delay=0.0),
+        TrainerActor(
+            trainer_client,
+            namespace,
+            create_delay=0.0,
+            delete_delay=0.0,
+            pods_api=job_controller_client,
+        ),
     ):
         _create_tj(admin_client, namespace, trainjob_body("job", suspend=True))
         for suspend in (False, True, False, True):
@@ -317,5 +336,126 @@ def test_actor_errors_are_raised_by_stop(cluster: LocalCluster, namespace: str) 
         actor = TrainerActor(api, namespace, interval=0.05)
         actor.start()
         time.sleep(0.3)
+        with pytest.raises(ActorError, match="403"):
+            actor.stop()
+
+
+# -- reconciled with the real controllers (issue: real Kueue, Trainer, JobSet, KCM) -----
+
+
+def _set_check(kueue: k8s.ApiClient, ns: str, wl_name: str, check: str, state: str) -> None:
+    """As the readmission gate: set our AdmissionCheck's state on the Workload's status."""
+    custom = _custom(kueue)
+    for _ in range(20):
+        wl: Any = custom.get_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, ns, WORKLOAD.plural, wl_name
+        )
+        for entry in wl["status"]["admissionChecks"]:
+            if entry["name"] == check:
+                entry["state"] = state
+        try:
+            custom.replace_namespaced_custom_object_status(
+                WORKLOAD.group, WORKLOAD.version, ns, WORKLOAD.plural, wl_name, wl
+            )
+            return
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise AssertionError("could not set the check state: 20 conflicts")
+
+
+def test_kueue_actor_reserves_quota_while_the_check_is_pending_then_admits(
+    kueue_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    """Real Kueue keeps quota reserved while a check is Pending (even before Open), reports
+    Admitted=False with UnsatisfiedChecks, and admits only once the check is Ready."""
+    check = "gate"
+    with KueueActor(kueue_client, namespace, admission_check=check, heartbeat=None) as kueue:
+        _create_tj(admin_client, namespace, trainjob_body("job", queue="q", suspend=True))
+        wl = eventually(
+            lambda: (
+                w
+                if (w := kueue.workload_of("job"))
+                and (find_condition(w, "QuotaReserved") or {}).get("status") == "True"
+                else None
+            ),
+            what="quota reserved",
+        )
+        admitted = find_condition(wl, "Admitted") or {}
+        assert (admitted.get("status"), admitted.get("reason")) == ("False", "UnsatisfiedChecks")
+        assert wl["status"]["admission"]["podSetAssignments"]
+        time.sleep(0.3)
+        assert _tj(admin_client, namespace, "job")["spec"]["suspend"] is True
+        _set_check(kueue_client, namespace, wl["metadata"]["name"], check, "Ready")
+        eventually(
+            lambda: t if (t := _tj(admin_client, namespace, "job"))["spec"]["suspend"] is False
+            else None,
+            what="unsuspended once the check is Ready",
+        )  # fmt: skip
+        wl = _wl(admin_client, namespace, wl["metadata"]["name"])
+        assert (find_condition(wl, "Admitted") or {}).get("status") == "True"
+        kueue.check()
+
+
+def test_kueue_actor_writes_its_runtime_patch_and_eviction_records_as_kueue_does(
+    kueue_client: k8s.ApiClient, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    with KueueActor(
+        kueue_client, namespace, readmission_gate=False, heartbeat=None
+    ) as kueue:  # fmt: skip
+        _create_tj(admin_client, namespace, trainjob_body("job", queue="q", suspend=True))
+        tj = eventually(
+            lambda: t if (t := _tj(admin_client, namespace, "job"))["spec"]["suspend"] is False
+            else None,
+            what="admitted and started",
+        )  # fmt: skip
+        wl = kueue.workload_of("job")
+        assert wl is not None
+        wl_name = wl["metadata"]["name"]
+        (patch,) = tj["spec"]["runtimePatches"]
+        assert patch["manager"] == "kueue.x-k8s.io/manager"
+        (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        pod_meta = job["template"]["spec"]["template"]["metadata"]
+        assert pod_meta["annotations"] == {"kueue.x-k8s.io/workload": wl_name}
+        assert pod_meta["labels"]["kueue.x-k8s.io/podset"] == job["name"]
+        # Deactivation by someone else: the eviction records Kueue writes.
+        _patch(kueue_client, namespace, WORKLOAD, wl_name, {"spec": {"active": False}})
+        eventually(
+            lambda: _tj(admin_client, namespace, "job")["spec"]["suspend"] is True,
+            what="suspended after the deactivation",
+        )
+        wl = eventually(
+            lambda: (
+                w
+                if (
+                    find_condition(w := _wl(admin_client, namespace, wl_name), "Admitted") or {}
+                ).get("reason")
+                == "NoReservation"
+                else None
+            ),
+            what="quota released",
+        )
+        requeued = find_condition(wl, "Requeued") or {}
+        assert (requeued.get("status"), requeued.get("reason")) == ("False", "Deactivated")
+        assert wl["status"]["schedulingStats"]["evictions"] == [
+            {"reason": "Deactivated", "underlyingCause": "", "count": 1}
+        ]
+        assert "runtimePatches" not in _tj(admin_client, namespace, "job")["spec"]
+        kueue.check()
+
+
+def test_trainer_actor_writes_pods_as_the_job_controller(
+    cluster: LocalCluster,
+    trainer_client: k8s.ApiClient,
+    admin_client: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    """Pods of a TrainJob are made and deleted by kube-controller-manager's Job controller,
+    not by Trainer: with a pod identity that may not create pods, the actor fails."""
+    with cluster.api_client(UNPRIVILEGED_USER) as no_pods:
+        actor = TrainerActor(trainer_client, namespace, create_delay=0.0, pods_api=no_pods)
+        actor.start()
+        _create_tj(admin_client, namespace, trainjob_body("job", suspend=False))
+        time.sleep(0.5)
         with pytest.raises(ActorError, match="403"):
             actor.stop()

@@ -62,6 +62,7 @@ from adapter.kube import Request
 from holdwarden.config import ReadmissionConfig
 from holdwarden.localcluster import (
     ENFORCER_IDENTITY,
+    JOB_CONTROLLER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     TRAINER_IDENTITY,
@@ -319,16 +320,19 @@ class Schedule:
         self.clock = SharedClock()
         self.config = Config(mode=plan.mode)  # type: ignore[arg-type]
         self.clients = [cluster.api_client(SUPERVISOR_IDENTITY) for _ in range(2)]
-        for api in self.clients:
-            rest: Any = api.rest_client
-            rest.pool_manager = RecordingPool(rest.pool_manager, recorder)
         self.adapters = [
             Adapter(self.config, api, clock=self.clock.now, before_request=_before_request)
             for api in self.clients
         ]
+        # The adapter sends through its own client (a copy of the caller's): record there.
+        for adapter in self.adapters:
+            rest: Any = adapter.api_client.rest_client
+            rest.pool_manager = RecordingPool(rest.pool_manager, recorder)
         self.start_rv = 0
 
     def close(self) -> None:
+        for adapter in self.adapters:
+            adapter.close()
         for api in self.clients:
             api.close()  # type: ignore[no-untyped-call]
 
@@ -741,12 +745,14 @@ def actors(
     with cluster.api_client() as admin, Watcher(admin, namespace) as watcher:
         with (
             cluster.api_client(TRAINER_IDENTITY) as trainer_api,
+            cluster.api_client(JOB_CONTROLLER_IDENTITY) as pods_api,
             TrainerActor(
                 trainer_api,
                 namespace,
                 create_delay=0.05,
                 delete_delay=0.3,
                 status_heartbeat=0.15,
+                pods_api=pods_api,
             ),
         ):
             if mode == "kueue":

@@ -228,6 +228,7 @@ def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(
     check_name: str,
     kueue_client: k8s.ApiClient,
     trainer_client: k8s.ApiClient,
+    job_controller_client: k8s.ApiClient,
     supervisor_client: k8s.ApiClient,
     admin_client: k8s.ApiClient,
     namespace: str,
@@ -262,7 +263,9 @@ def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(
     try:
         with (
             KueueActor(kueue_client, namespace, admission_check=check_name),
-            TrainerActor(trainer_client, namespace, delete_delay=2.0),
+            TrainerActor(
+                trainer_client, namespace, delete_delay=2.0, pods_api=job_controller_client
+            ),
         ):
             adapter = Adapter(Config(mode="kueue"), supervisor_client)
             body = trainjob_body("job", queue="user-queue", suspend=True)

@@ -5,6 +5,7 @@ from holdwarden.localcluster.cluster import ControlPlaneError, LocalCluster, run
 from holdwarden.localcluster.rbac import (
     EDITOR_USER,
     ENFORCER_IDENTITY,
+    JOB_CONTROLLER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     TRAINER_IDENTITY,
@@ -14,6 +15,7 @@ from holdwarden.localcluster.rbac import (
 __all__ = [
     "EDITOR_USER",
     "ENFORCER_IDENTITY",
+    "JOB_CONTROLLER_IDENTITY",
     "KUEUE_IDENTITY",
     "SUPERVISOR_IDENTITY",
     "TRAINER_IDENTITY",

@@ -12,6 +12,9 @@ KUEUE_IDENTITY = "system:serviceaccount:kueue-system:kueue-controller-manager"
 TRAINER_IDENTITY = "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager"
 SUPERVISOR_IDENTITY = "system:serviceaccount:holdwarden-system:dispatch"
 ENFORCER_IDENTITY = "system:serviceaccount:holdwarden-system:holdwarden"
+# kube-controller-manager's Job controller: it, not Trainer, creates and deletes the pods of
+# the Jobs that JobSet makes for a TrainJob (seen with the real controllers).
+JOB_CONTROLLER_IDENTITY = "system:serviceaccount:kube-system:job-controller"
 EDITOR_USER = "alice"
 UNPRIVILEGED_USER = "mallory"
 
@@ -59,6 +62,14 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
         (
             Rule((_TRAINER,), ("trainjobs",), ("get", "list", "watch", "update", "patch")),
             Rule((_TRAINER,), ("trainjobs/status",), ("get", "update", "patch")),
+            Rule(("",), ("pods",), _WRITE),
+            Rule(("", "events.k8s.io"), ("events",), ("create", "patch", "update")),
+        ),
+    ),
+    IdentityRBAC(
+        JOB_CONTROLLER_IDENTITY,
+        "job-controller",
+        (
             Rule(("",), ("pods",), _WRITE),
             Rule(("", "events.k8s.io"), ("events",), ("create", "patch", "update")),
         ),
