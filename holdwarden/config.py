@@ -54,6 +54,9 @@ class WebhookConfig:
     # (the current file and audit_max_files rotated ones).
     audit_max_bytes: int = 100 * 1024 * 1024
     audit_max_files: int = 5
+    # hold-owner-only: the users, groups and service accounts (as their usernames,
+    # system:serviceaccount:NS:NAME) that may change the hold annotations. Empty: rule off.
+    holder_identities: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class Config:
         audit_max_files = hook.pop_int("auditMaxFiles", defaults.audit_max_files)
         if not 1 <= audit_max_files <= 1000:
             raise ConfigError("webhook.auditMaxFiles", "must be from 1 to 1000")
+        holder_identities = hook.pop_str_list("holderIdentities", [])
         webhook = WebhookConfig(
             listen_address=_address(
                 hook.pop_str("listenAddress", defaults.listen_address), "webhook.listenAddress"
@@ -137,6 +141,7 @@ class Config:
             max_body_bytes=max_body,
             audit_max_bytes=audit_max_bytes,
             audit_max_files=audit_max_files,
+            holder_identities=tuple(holder_identities),
         )
         hook.finish()
         gate = root.pop_section("readmission")

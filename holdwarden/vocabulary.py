@@ -103,6 +103,15 @@ class RuleId(StrEnum):
     KUEUE_OWNS_SUSPEND = "kueue-owns-suspend"
     HOLD_INSTANCE_MONOTONIC = "hold-instance-monotonic"
     HOLD_INSTANCE_MALFORMED = "hold-instance-malformed"
+    # Optional: on only when ``webhook.holderIdentities`` is set (policy: its own object).
+    HOLD_OWNER_ONLY = "hold-owner-only"
+
+
+# hold-owner-only's break-glass: members of this group may always change a hold. It is the
+# apiserver's own superuser group (RBAC cannot restrict it), so exempting it gives a cluster
+# admin nothing they could not do anyway (delete the webhook or the policy), but lets them
+# fix a wedged hold without doing that (docs/policy.md, "Break-glass").
+BREAK_GLASS_GROUP = "system:masters"
 
 
 # Kueue's Evicted condition reason for its own deactivations is "DeactivatedDueTo<Cause>";

@@ -34,6 +34,7 @@ def test_rule_ids_are_the_published_ones() -> None:
         "kueue-owns-suspend",
         "hold-instance-monotonic",
         "hold-instance-malformed",
+        "hold-owner-only",
     }
 
 

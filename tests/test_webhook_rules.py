@@ -20,6 +20,7 @@ from webhook.rules import (
     held_workload_inactive,
     hold_instance_malformed,
     hold_instance_monotonic,
+    hold_owner_only,
     kueue_owns_suspend,
     skip_reason,
     violations,
@@ -365,6 +366,7 @@ def test_first_violation_follows_rule_order() -> None:
         RuleId.HELD_TRAINJOB_SUSPENDED,
         RuleId.HELD_WORKLOAD_INACTIVE,
         RuleId.KUEUE_OWNS_SUSPEND,
+        RuleId.HOLD_OWNER_ONLY,
     ]
 
 
@@ -461,3 +463,83 @@ def test_an_unchanged_object_is_never_refused_by_change_rules(
     for change in (trainjob(old, old), workload(old, old)):
         rules = {v.rule for v in violations(change, CONFIG)}
         assert rules <= {RuleId.HELD_TRAINJOB_SUSPENDED, RuleId.HELD_WORKLOAD_INACTIVE}
+
+
+# --- hold-owner-only (optional) ----------------------------------------------------------
+
+SUPERVISOR = "system:serviceaccount:holdwarden-system:dispatch"
+OWNED = RulesConfig(A, frozenset({KUEUE}), frozenset({SUPERVISOR, "holders"}))
+HOLD = {A.hold_reason: "r", A.held_at: "2026-12-02T12:00:00Z", A.held_by: "dispatch"}
+
+
+def owned(change: Change) -> RuleId | None:
+    found = hold_owner_only(change, OWNED)
+    return found.rule if found is not None else None
+
+
+def test_hold_owner_only_is_off_without_holders() -> None:
+    lift = trainjob(obj(suspend=True, instance="3"), obj(suspend=False))
+    assert hold_owner_only(lift, CONFIG) is None
+    assert evaluate(lift, CONFIG) is None  # the spec allows a one-write lift by anyone
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (obj(suspend=True, instance="3"), obj(suspend=False)),  # lift a hold
+        (obj(suspend=True, instance="3"), obj(suspend=True)),  # first write of a lowering
+        (obj(suspend=True), obj(suspend=True, instance="1")),  # place a hold
+        (obj(suspend=True, instance="3"), obj(suspend=True, instance="4")),  # change it
+        (obj(suspend=True, instance="3", extra_annotations=HOLD),
+         obj(suspend=True, instance="3")),  # drop held-at/held-by: still a change
+        (obj(suspend=True, extra_annotations=HOLD), obj(suspend=True)),  # partial hold
+    ],
+)  # fmt: skip
+def test_hold_owner_only_refuses_changes_by_non_holders(
+    old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    for user, groups in (("alice", ("system:authenticated",)), (KUEUE, ())):
+        assert owned(trainjob(old, new, user=user, groups=groups)) == RuleId.HOLD_OWNER_ONLY
+    assert owned(trainjob(old, new, user=SUPERVISOR)) is None
+    assert owned(trainjob(old, new, user="bob", groups=("holders",))) is None  # by group
+    assert owned(trainjob(old, new, user="oncall", groups=("system:masters",))) is None
+
+
+def test_hold_owner_only_refuses_reactivating_a_held_workload() -> None:
+    held = obj(active=False, instance="2", owner="tj")
+    message = hold_owner_only(workload(held, obj(active=True, instance="2", owner="tj")), OWNED)
+    assert message is not None and "reactivate" in message.message
+    assert "holdwarden release ns/tj --instance 2" in message.message
+    partial = obj(active=False, extra_annotations=HOLD)
+    assert owned(workload(partial, obj(active=True, extra_annotations=HOLD))) is not None
+    assert owned(workload(held, obj(active=True, instance="2"), user=SUPERVISOR)) is None
+    # An unheld Workload stays anyone's to reactivate.
+    assert owned(workload(obj(active=False), obj(active=True))) is None
+
+
+def test_hold_owner_only_lets_writes_that_keep_the_hold_pass() -> None:
+    held = obj(suspend=True, instance="3", queue=True, extra_annotations=HOLD)
+    relabelled = obj(suspend=True, instance="3", queue=True, extra_annotations=HOLD)
+    relabelled["metadata"]["labels"]["team"] = "a"
+    for user in ("alice", KUEUE):
+        assert owned(trainjob(held, relabelled, user=user)) is None
+    wl = obj(active=False, instance="3", extra_annotations=HOLD)
+    assert owned(workload(wl, obj(active=False, instance="3", extra_annotations=HOLD),
+                          user=KUEUE)) is None  # fmt: skip
+    # P/opened and P/attempt are not hold annotations.
+    opened = obj(suspend=True, instance="3", extra_annotations={A.opened: "t", A.attempt: "2"})
+    assert owned(trainjob(obj(suspend=True, instance="3"), opened)) is None
+
+
+def test_hold_owner_only_runs_last_and_only_with_holders() -> None:
+    assert RULE_ORDER[-1][0] == RuleId.HOLD_OWNER_ONLY
+    lower = trainjob(obj(suspend=True, instance="5"), obj(suspend=True, instance="2"))
+    assert [v.rule for v in violations(lower, OWNED)] == [
+        RuleId.HOLD_INSTANCE_MONOTONIC,
+        RuleId.HOLD_OWNER_ONLY,
+    ]
+    assert [v.rule for v in violations(lower, CONFIG)] == [RuleId.HOLD_INSTANCE_MONOTONIC]
+    config = RulesConfig.from_config(
+        Config.from_dict({"webhook": {"holderIdentities": [SUPERVISOR]}})
+    )
+    assert config.holder_identities == frozenset({SUPERVISOR})

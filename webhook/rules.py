@@ -22,6 +22,7 @@ Evaluation order (``RULE_ORDER``) is fixed, and ``evaluate`` returns the FIRST v
   3. held-trainjob-suspended
   4. held-workload-inactive
   5. kueue-owns-suspend
+  6. hold-owner-only           optional; last, so a state rule's more specific message wins
 ``violations`` returns every violation in that order (for tests and diagnostics); the
 response and the audit line carry the first.
 
@@ -51,6 +52,7 @@ from typing import Any
 from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
+    BREAK_GLASS_GROUP,
     MAX_HOLD_INSTANCE,
     QUEUE_NAME_LABEL,
     TRAINJOB,
@@ -69,6 +71,8 @@ class RulesConfig:
 
     annotations: Annotations
     kueue_identities: frozenset[str]
+    # hold-owner-only is on when this is not empty (``webhook.holderIdentities``).
+    holder_identities: frozenset[str] = frozenset()
     # The hold-instance key, spelled once (``Annotations`` builds it on every access).
     hold_key: str = field(init=False, repr=False, compare=False)
 
@@ -77,7 +81,11 @@ class RulesConfig:
 
     @classmethod
     def from_config(cls, config: Config) -> RulesConfig:
-        return cls(Annotations(config.annotation_prefix), frozenset(config.kueue_identities))
+        return cls(
+            Annotations(config.annotation_prefix),
+            frozenset(config.kueue_identities),
+            frozenset(config.webhook.holder_identities),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +287,57 @@ def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | 
     )
 
 
+def hold_owner_only(change: Change, config: RulesConfig) -> Violation | None:
+    """Optional (on when ``holder_identities`` is set): only a holder changes a hold.
+
+    Refuses, by anyone who is not a holder (username or a group in ``holder_identities``)
+    and not in the break-glass group (``BREAK_GLASS_GROUP``):
+      - a write that adds, changes or removes any of the four hold annotations (CREATE with
+        one counts as adding it), and
+      - a write that sets ``spec.active`` of a Workload carrying any of them back to true.
+    Invariant: a write that leaves the four annotations and the Workload's activation as
+    they were is never refused here, whoever makes it (so Kueue's writes pass).
+    """
+    holders = config.holder_identities
+    if not holders:
+        return None
+    keys = config.annotations.hold_keys
+    old = [objects.annotation(change.old, key) for key in keys]
+    new = [objects.annotation(change.new, key) for key in keys]
+    changed = old != new
+    reactivated = (
+        change.is_workload
+        and change.old is not None
+        and any(value is not None for value in old)
+        and not objects.active(change.old)
+        and objects.active(change.new)
+    )
+    if not (changed or reactivated):
+        return None
+    if change.username in holders or any(
+        group in holders or group == BREAK_GLASS_GROUP for group in change.groups
+    ):
+        return None
+    rule = RuleId.HOLD_OWNER_ONLY
+    instance = objects.hold_instance_text(
+        change.new, config.hold_key
+    ) or objects.hold_instance_text(change.old, config.hold_key)
+    what = "reactivate this held Workload" if reactivated and not changed else "change its hold"
+    owner = objects.controller_trainjob(change.new) or objects.controller_trainjob(change.old)
+    target = f"{change.namespace}/{owner.name}" if owner and change.is_workload else change.ref
+    return Violation(
+        rule,
+        f"{_prefix(rule, change)}: only the holder may place, change or lift a hold, and "
+        f"{change.username or 'this writer'} is not in webhook.holderIdentities, so it may "
+        f"not {what} (the {config.annotations.prefix}/hold-* annotations"
+        f"{', spec.active' if reactivated else ''}). Ask the holder to release it "
+        f"(`holdwarden release {target} --instance {parse_hold_instance(instance) or 'N'}`); "
+        f"in an emergency a cluster admin in {BREAK_GLASS_GROUP} may (docs/policy.md, "
+        f"break-glass).",
+        instance,
+    )
+
+
 Rule = Callable[[Change, RulesConfig], "Violation | None"]
 
 RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
@@ -287,6 +346,7 @@ RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
     (RuleId.HELD_TRAINJOB_SUSPENDED, held_trainjob_suspended),
     (RuleId.HELD_WORKLOAD_INACTIVE, held_workload_inactive),
     (RuleId.KUEUE_OWNS_SUSPEND, kueue_owns_suspend),
+    (RuleId.HOLD_OWNER_ONLY, hold_owner_only),
 )
 
 
