@@ -35,7 +35,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,13 +332,21 @@ class Registration:
 
 @contextlib.contextmanager
 def registered(
-    cluster: LocalCluster, client_config: dict[str, Any], purpose: str
+    cluster: LocalCluster,
+    client_config: dict[str, Any],
+    purpose: str,
+    match_conditions: list[dict[str, str]] | None = None,
 ) -> Iterator[Registration]:
     """The shipped webhook (rules, failurePolicy, timeout, matchConditions, namespaceSelector)
-    registered with ``client_config`` and confined to namespaces labelled with a new token."""
+    registered with ``client_config`` and confined to namespaces labelled with a new token.
+
+    ``match_conditions`` replaces the shipped ones (an overlay's), when given.
+    """
     token = uuid.uuid4().hex[:12]
     hook = shipped_webhook()
     hook["clientConfig"] = client_config
+    if match_conditions is not None:
+        hook["matchConditions"] = match_conditions
     hook["namespaceSelector"] = shipped_namespace_selector({LABEL: token})
     name = f"holdwarden-{purpose}-{token}"
     body: Any = {
@@ -950,3 +958,69 @@ def test_an_overlay_expression_compiles_in_the_apiserver(admin_client: k8s.ApiCl
             broken, dry_run="All", _request_timeout=REQUEST_TIMEOUT
         )
     assert info.value.status == 422
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(120)
+def test_an_overlay_routes_by_its_own_prefix_and_identities(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The conditions rendered for another annotationPrefix and a Kueue identity given as a
+    group: the apiserver sends holds under that prefix only, and lets the group's suspend
+    changes through without a call (the groups half of the identity check)."""
+    group = "holdwarden-test:kueue-writers"
+    conditions = [{"name": "could-break-a-hold", "expression": render("example.com", [group])}]
+    with contextlib.ExitStack() as stack:
+        counter, port, ca_pem = stack.enter_context(counting_webhook(tmp_path))
+        bundle = base64.b64encode(ca_pem).decode()
+        client_config = {"url": f"https://127.0.0.1:{port}/validate", "caBundle": bundle}
+        registration = stack.enter_context(
+            registered(cluster, client_config, "overlay", match_conditions=conditions)
+        )
+        ns = cluster.create_namespace(f"bro-{uuid.uuid4().hex[:8]}")
+        admin = stack.enter_context(cluster.api_client())
+        alice = stack.enter_context(cluster.api_client(EDITOR_USER))
+        alice_as_kueue = stack.enter_context(cluster.api_client(EDITOR_USER, groups=[group]))
+        queued = dict(
+            _create(admin, ns, trainjob_body("queued", queue="q", suspend=True), dry=False)
+        )
+        registration.label(ns)
+
+        def held(prefix: str) -> dict[str, Any]:
+            body = trainjob_body(f"held-{uuid.uuid4().hex[:6]}", suspend=True)
+            body["metadata"]["annotations"] = {f"{prefix}/hold-instance": "1"}
+            return body
+
+        # Wait until the registration applies here (the apiserver caches both).
+        deadline = time.monotonic() + 30
+        while True:
+            before = len(counter)
+            _create(admin, ns, held("example.com"), dry=True)
+            if len(counter) > before:
+                break
+            assert time.monotonic() < deadline, "the apiserver never called the counting webhook"
+            time.sleep(0.2)
+
+        unsuspend = Write("unsuspend", ALICE, TRAINJOB.kind, ns, "queued", "UPDATE",
+                          {"spec": {"suspend": False}})  # fmt: skip
+
+        def hold(prefix: str) -> Callable[[], object]:
+            return lambda: _create(alice, ns, held(prefix), dry=True)
+
+        writes: list[tuple[str, Callable[[], object], bool]] = [
+            ("hold under the overlay's prefix", hold("example.com"), True),
+            ("hold under the default prefix", hold("holdwarden.io"), False),
+            ("alice unsuspends a queued TrainJob", lambda: unsuspend.run(alice), True),
+            (
+                "alice in the Kueue group unsuspends it",
+                lambda: unsuspend.run(alice_as_kueue),
+                False,
+            ),
+        ]
+        for what, write, sent in writes:
+            before = len(counter)
+            write()
+            assert (len(counter) > before) == sent, what
+        # Dry runs all: nothing was stored.
+        stored = _get(admin, TRAINJOB.kind, ns, "queued")
+        assert stored["metadata"]["resourceVersion"] == queued["metadata"]["resourceVersion"]
