@@ -47,6 +47,7 @@ from holdwarden import kubeclient, objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
+    BREAK_GLASS_GROUP,
     CLUSTERQUEUE,
     CLUSTERTRAININGRUNTIME,
     JOB_UID_LABEL,
@@ -592,6 +593,7 @@ class Adapter:
         extra: dict[str, Capability] = {}
         if self.mode == "kueue":
             extra["readmissionGate"] = self._probe_readmission_gate(namespace, deadline)
+        extra["holdOwnership"] = self._probe_ownership(deadline)
         return PreflightResult(
             mode=self.mode,
             namespace=namespace,
@@ -748,6 +750,42 @@ class Adapter:
             return Capability(True, f"may {what}")
         why = (status.reason or status.evaluation_error or "") if status is not None else ""
         return Capability(False, f"may not {what}" + (f": {why}" if why else " (RBAC)"))
+
+    def _probe_ownership(self, deadline: datetime | None) -> Capability:
+        """Is hold-owner-only in force for this configuration, and is this adapter a holder?
+
+        Read from ``webhook.holderIdentities`` (the enforcer reads the same file) and the
+        identity the apiserver authenticates us as (SelfSubjectReview). No write can show
+        it: a holder's writes pass the rule, which is the point of it (docs/policy.md).
+        """
+        holders = self.config.webhook.holder_identities
+        if not holders:
+            return Capability(
+                False,
+                "hold-owner-only is off (webhook.holderIdentities is empty): anyone who may "
+                "update the held object can lift a hold",
+            )
+        req = Request("self-subject-review", "selfsubjectreviews", "")
+        try:
+            review = self._send(
+                req,
+                deadline,
+                k8s.AuthenticationV1Api(self._api).create_self_subject_review,
+                k8s.V1SelfSubjectReview(),
+            )
+            info = review.status.user_info
+            user, groups = str(info.username or ""), list(info.groups or [])
+        except (k8s.ApiException, AttributeError) as exc:
+            return Capability(False, f"hold-owner-only is configured, but who we are is "
+                              f"unknown (SelfSubjectReview failed: {exc})")  # fmt: skip
+        if user in holders or any(g in holders or g == BREAK_GLASS_GROUP for g in groups):
+            return Capability(True, f"hold-owner-only is configured for {list(holders)}, and "
+                              f"this adapter ({user}) is a holder")  # fmt: skip
+        return Capability(
+            False,
+            f"hold-owner-only is configured for {list(holders)}, but this adapter runs as "
+            f"{user}: the enforcer will refuse its Hold and Release",
+        )
 
     def _preflight_name(self) -> str:
         return f"holdwarden-preflight-{secrets.token_hex(4)}"
