@@ -4,8 +4,8 @@
 [--reason TEXT] [--config FILE] [--kubeconfig PATH]`` and ``holdwarden preflight
 [--namespace NS]``. Exit codes: 0 success; 2 usage or configuration error; otherwise the
 adapter error's ``exit_code`` (3 rejected, 4 stale hold, 5 not found, 6 unsupported,
-7 pods remain, 8 conflict, 1 any other API error). ``preflight`` exits 6 when Hold is
-unsupported.
+7 pods remain, 8 conflict, 9 unreachable: nothing was sent, 1 any other API error).
+``preflight`` exits 6 when Hold is unsupported.
 """
 
 from __future__ import annotations

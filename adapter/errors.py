@@ -72,6 +72,20 @@ class Conflict(AdapterError):
     exit_code = 8
 
 
+class Unreachable(AdapterError):
+    """The API server could not be reached: the connection was refused, could not be made
+    in time, or the name did not resolve. The request that failed was NOT sent, so it cannot
+    land; earlier requests of the same call (already answered) stand as they were answered.
+
+    (An addition to the contract's classes.) A timeout *after* a request was sent is not
+    this: that is ``Rejected``/``DeadlinePassed`` saying the write may still land within
+    ``Adapter.call_bound``.
+    """
+
+    classification = "unreachable"
+    exit_code = 9
+
+
 __all__ = [
     "AdapterError",
     "Conflict",
@@ -81,5 +95,6 @@ __all__ = [
     "PodsRemain",
     "Rejected",
     "StaleHold",
+    "Unreachable",
     "Unsupported",
 ]

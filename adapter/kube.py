@@ -7,8 +7,11 @@ and writes what it was told, with these invariants:
   ``metadata.resourceVersion``: the API server refuses it (409) if anything changed since.
 - For a hold-family call, the deadline is checked immediately before every request (a
   passed deadline → ``Rejected``, nothing sent) and bounds the request's timeout:
-  ``min(deadline - now, timeouts.apiserverRequest)``. urllib3's own retries are switched
-  off on the client, so no request is re-sent behind the adapter's back.
+  ``min(deadline - now, timeouts.apiserverRequest)``. The adapter sends through its own
+  client, a copy of the caller's configuration with urllib3's retries off, so no request is
+  re-sent behind its back and the caller's client is never modified.
+- A request that could not connect raises ``Unreachable`` (nothing sent); one that was sent
+  and timed out or lost its connection says it may still land within ``call_bound``.
 - A call retries at most ``MAX_RETRIES`` (8) times after its first try, then ``Conflict``.
 - In Kueue mode no request the adapter sends writes ``spec.suspend``: Hold and Release PUT
   the Workload; Open PUTs the TrainJob with only the opened mark changed.
@@ -16,6 +19,7 @@ and writes what it was told, with these invariants:
 
 from __future__ import annotations
 
+import copy
 import json
 import secrets
 import threading
@@ -40,6 +44,7 @@ from adapter.errors import (
     PodsRemain,
     Rejected,
     StaleHold,
+    Unreachable,
     Unsupported,
 )
 from adapter.types import CallMeta, Capability, Observation, PreflightResult, Ref
@@ -140,8 +145,10 @@ class Adapter:
         self.config = config
         self.mode: Mode = config.mode
         self.annotations = Annotations(config.annotation_prefix)
-        self._api = api_client if api_client is not None else kubeclient.api_client()
-        _disable_transport_retries(self._api)
+        # The adapter's own client, built from a copy of the caller's configuration: the
+        # caller's ApiClient is never modified (its retries, its pool) and stays the
+        # caller's to use and close; ``close()`` closes only this one.
+        self._api = _own_client(api_client)
         self._custom = k8s.CustomObjectsApi(self._api)
         self._core = k8s.CoreV1Api(self._api)
         self._authz = k8s.AuthorizationV1Api(self._api)
@@ -162,6 +169,23 @@ class Adapter:
         request may still commit (the margin covers clock skew and the etcd commit of a
         request that timed out at the API server)."""
         return self.config.apiserver_request_timeout + CALL_BOUND_MARGIN
+
+    @property
+    def api_client(self) -> k8s.ApiClient:
+        """The adapter's own client (a copy of the caller's configuration, transport retries
+        off). Read it, e.g. to count requests on the wire; do not reconfigure it."""
+        return self._api
+
+    def close(self) -> None:
+        """Close the adapter's own connections (never the caller's client). Idempotent; the
+        adapter must not be used afterwards."""
+        self._api.close()  # type: ignore[no-untyped-call]
+
+    def __enter__(self) -> Adapter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def request_count(self) -> int:
@@ -570,11 +594,28 @@ class Adapter:
             return fn(*args, _request_timeout=timeout, **kwargs)
         except k8s.ApiException:
             raise
+        except (
+            urllib3.exceptions.NewConnectionError,
+            urllib3.exceptions.ConnectTimeoutError,
+        ) as exc:
+            # Before urllib3's TimeoutError: in urllib3 2.x NewConnectionError (refused,
+            # unresolvable) IS a ConnectTimeoutError, a TimeoutError. Either way no
+            # connection was made, so no byte of this request reached the API server.
+            not_sent = f"{req.verb} {req.resource} {req.name}: not sent"
+            if deadline is not None and self._clock() >= deadline:
+                raise DeadlinePassed(
+                    f"{not_sent}: no connection to the API server before the deadline ({exc})"
+                ) from exc
+            raise Unreachable(
+                f"{not_sent}: cannot connect to the API server"
+                f" ({_connect_failure(exc)}); nothing of this request can land"
+            ) from exc
         except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
             message = (
-                f"{req.verb} {req.resource} {req.name}: no answer within"
-                f" {limit.total_seconds():.3f}s (deadline or timeouts.apiserverRequest); a"
-                " write may still land within call_bound"
+                f"{req.verb} {req.resource} {req.name}: sent, but no answer within"
+                f" {limit.total_seconds():.3f}s (deadline or timeouts.apiserverRequest); it"
+                f" may still land within call_bound ({self.call_bound.total_seconds():g}s"
+                " after the deadline): place a new hold instance only after that"
             )
             # Cut off by the call's own deadline: the same outcome as a deadline that
             # passed before sending, so callers (Start's wait) can treat both alike.
@@ -582,8 +623,12 @@ class Adapter:
                 raise DeadlinePassed(message) from exc
             raise Rejected(message) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # The connection was made and then lost (reset, closed mid-answer): the request
+            # may have been received, so a write may still land, as after a timeout.
             raise AdapterError(
-                f"{req.verb} {req.resource}: cannot reach the API server: {exc}"
+                f"{req.verb} {req.resource} {req.name}: the connection to the API server was"
+                f" lost after the request was sent ({exc}); it may still land within"
+                f" call_bound ({self.call_bound.total_seconds():g}s after the deadline)"
             ) from exc
 
     # ---- preflight -------------------------------------------------------------------
@@ -928,11 +973,32 @@ def _not_ours_hint(exc: k8s.ApiException, annotations: Annotations) -> str:
     return ""
 
 
-def _disable_transport_retries(api: k8s.ApiClient) -> None:
-    """urllib3 retries idempotent methods (GET and PUT) by default; a re-sent PUT could go
-    out after the deadline check, so the adapter's client never retries in the transport."""
-    rest = getattr(api, "rest_client", None)
-    pool = getattr(rest, "pool_manager", None)
-    if pool is not None and hasattr(pool, "connection_pool_kw"):
-        pool.connection_pool_kw["retries"] = False
-        pool.clear()
+def _own_client(api_client: k8s.ApiClient | None) -> k8s.ApiClient:
+    """A new ApiClient from a copy of ``api_client``'s configuration (default: in-cluster,
+    else the kubeconfig), with transport retries off.
+
+    urllib3 re-sends idempotent methods (GET and PUT) on its own by default, and client-go
+    style read retries re-send GETs: a re-sent PUT could go out after the deadline check, so
+    the adapter's client never retries in the transport. The copy keeps what identifies the
+    caller (credentials, TLS, proxy, the refresh hook, default headers such as
+    impersonation) and shares nothing mutable with it: the caller's client is not touched.
+    """
+    source = api_client if api_client is not None else kubeclient.api_client()
+    configuration = copy.deepcopy(source.configuration)
+    configuration.retries = False
+    configuration.client_go_retries = False
+    own = k8s.ApiClient(configuration)
+    own.default_headers.update(source.default_headers)
+    own.cookie = source.cookie
+    if api_client is None:
+        source.close()  # type: ignore[no-untyped-call]  # ours, only a template
+    return own
+
+
+def _connect_failure(exc: Exception) -> str:
+    """What went wrong while connecting, in words (refused, timed out, name unknown)."""
+    if isinstance(exc, urllib3.exceptions.NameResolutionError):
+        return f"the API server's name does not resolve: {exc}"
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return f"connection refused or failed: {exc}"
+    return f"no connection within the request's timeout: {exc}"

@@ -111,15 +111,17 @@ class Bench:
         self.mode = mode
         self.namespace = cluster.create_namespace(f"bench-{mode}")
         self.api = cluster.api_client(SUPERVISOR_IDENTITY)
-        rest: Any = self.api.rest_client
+        self.adapter = Adapter(Config(mode=mode), self.api)  # type: ignore[arg-type]
+        # The adapter sends through its own client (a copy of self.api's configuration).
+        rest: Any = self.adapter.api_client.rest_client
         self.pool = CountingPool(rest.pool_manager)
         rest.pool_manager = self.pool
-        self.adapter = Adapter(Config(mode=mode), self.api)  # type: ignore[arg-type]
         self.admin = cluster.api_client()
         self.custom: Any = k8s.CustomObjectsApi(self.admin)
         self.instance = 0
 
     def close(self) -> None:
+        self.adapter.close()
         self.api.close()  # type: ignore[no-untyped-call]
         self.admin.close()  # type: ignore[no-untyped-call]
 

@@ -5,18 +5,23 @@ own, preflight that does not mask the call's own errors.
 
 from __future__ import annotations
 
+import copy
+import socket
+import threading
+import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, Ref, State
-from adapter.errors import Invalid
-from adapter.kube import Request
+from adapter import Adapter, Config, Ref, State
+from adapter.errors import AdapterError, Invalid, Rejected, Unreachable
+from adapter.kube import FIELD_MANAGER, Request
 from holdwarden.localcluster import LocalCluster
-from holdwarden.vocabulary import MAX_HOLD_INSTANCE
-from tests.test_adapter_kube import Cluster, hold_annotations, make, meta
+from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB
 from tests.test_adapter_kube import A as KEYS
+from tests.test_adapter_kube import Cluster, hold_annotations, make, meta
 
 pytestmark = pytest.mark.controlplane
 
@@ -64,3 +69,139 @@ def test_the_largest_instance_holds_and_releases_end_to_end(
     adapter.hold(ref, meta(MAX_HOLD_INSTANCE), "largest")  # already in force: no write
     adapter.release(ref, meta(MAX_HOLD_INSTANCE))
     assert hold_annotations(held()) == {}
+
+
+# ==== errors a supervisor can act on, a client it does not own (item 5) ================
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then closed): connecting is refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _client_for(source: k8s.ApiClient, host: str) -> k8s.ApiClient:
+    configuration = copy.deepcopy(source.configuration)
+    configuration.host = host
+    api = k8s.ApiClient(configuration)
+    api.default_headers.update(source.default_headers)
+    return api
+
+
+@pytest.mark.parametrize("mode", ["kueue", "plain"])
+def test_a_refused_connection_is_unreachable_and_says_nothing_was_sent(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, mode: str
+) -> None:
+    """Before: urllib3 2.x makes NewConnectionError a TimeoutError, so a refused connection
+    was reported as "no answer within 60s ... a write may still land" (Rejected)."""
+    with _client_for(supervisor_client, f"https://127.0.0.1:{_closed_port()}") as dead:
+        adapter = make(cluster, dead, mode)
+        ref = Ref("ns", "job")
+        began = time.monotonic()
+        for call in (
+            lambda: adapter.hold(ref, meta(1), "r"),
+            lambda: adapter.release(ref, meta(1)),
+            lambda: adapter.open(ref, meta()),
+            lambda: adapter.observe(ref),
+        ):
+            with pytest.raises(Unreachable, match="not sent") as raised:
+                call()
+            assert "may still land" not in str(raised.value)
+            assert raised.value.classification == "unreachable" and raised.value.exit_code == 9
+            assert isinstance(raised.value, AdapterError)
+            assert not isinstance(raised.value, Rejected)
+        assert time.monotonic() - began < 5  # refused at once: no timeout was waited for
+        adapter.close()
+
+
+class _Silent:
+    """A TCP server that accepts and reads but never answers: a request that was sent."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port: int = self.sock.getsockname()[1]
+        self.received = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            conn.settimeout(5)
+            try:
+                if conn.recv(65536):
+                    self.received.set()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+        self.thread.join(timeout=5)
+
+
+def test_a_timeout_after_sending_says_it_may_still_land_and_names_call_bound(
+    supervisor_client: k8s.ApiClient,
+) -> None:
+    silent = _Silent()
+    try:
+        with _client_for(supervisor_client, f"http://127.0.0.1:{silent.port}") as api:
+            config = Config(mode="plain", apiserver_request_timeout=timedelta(seconds=0.5))
+            with Adapter(config, api) as adapter, pytest.raises(Rejected) as raised:
+                adapter.observe(Ref("ns", "job"))
+        assert silent.received.is_set()  # it WAS sent
+        text = str(raised.value)
+        assert not isinstance(raised.value, Unreachable)
+        assert "may still land" in text and "call_bound (5.5s" in text, text
+    finally:
+        silent.close()
+
+
+def test_the_callers_client_is_never_modified(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """Before: the adapter set retries=False on the caller's own pool and cleared it."""
+    pool = supervisor_client.rest_client.pool_manager
+    before = dict(pool.connection_pool_kw)
+    configuration = supervisor_client.configuration
+    retries_before = configuration.retries
+    adapter = make(cluster, supervisor_client, "plain")
+    assert supervisor_client.rest_client.pool_manager is pool
+    assert pool.connection_pool_kw == before and configuration.retries == retries_before
+    assert adapter.api_client is not supervisor_client
+    assert adapter.api_client.configuration is not configuration
+    retries = adapter.api_client.rest_client.pool_manager.connection_pool_kw["retries"]
+    assert retries is False or retries.total is False
+    # The copy keeps who the caller is (impersonation header): the supervisor may hold.
+    kc.create_trainjob("job")
+    adapter.hold(Ref(kc.ns, "job"), meta(1), "r")
+    tj = kc.trainjob("job")
+    managers = {m["manager"] for m in tj["metadata"].get("managedFields") or []}
+    assert FIELD_MANAGER in managers
+
+
+def test_close_and_context_manager_leave_the_callers_client_working(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    kc.create_trainjob("job")
+    ref = Ref(kc.ns, "job")
+    with make(cluster, supervisor_client, "plain") as adapter:
+        assert adapter.observe(ref).state is State.AT_START_GATE
+        own_pool = adapter.api_client.rest_client.pool_manager
+        assert len(own_pool.pools) > 0
+    assert len(own_pool.pools) == 0  # closed on exit
+    adapter.close()  # idempotent
+    # The caller's client is the caller's: still open, still working.
+    k8s.CustomObjectsApi(supervisor_client).get_namespaced_custom_object(
+        TRAINJOB.group, TRAINJOB.version, kc.ns, TRAINJOB.plural, "job"
+    )
