@@ -50,6 +50,20 @@ class WebhookConfig:
     audit_log: Path = Path("/var/log/holdwarden/audit.jsonl")
     metrics_address: str = "0.0.0.0:9090"
     max_body_bytes: int = 3 * 1024 * 1024
+    # Connections (docs/enforcer.md, "Connections and memory"). The idle timeout is longer
+    # than the kube-apiserver's own (90 s), so the apiserver, not this server, closes an
+    # idle connection: a server-side close can race a POST that Go will not retry.
+    idle_timeout: timedelta = timedelta(seconds=120)
+    header_timeout: timedelta = timedelta(seconds=10)
+    body_timeout: timedelta = timedelta(seconds=10)
+    max_connections: int = 400
+    max_in_flight_body_bytes: int = 32 * 1024 * 1024
+    # Optional mutual TLS: callers must present a certificate signed by this CA.
+    client_ca_file: Path | None = None
+    # Graceful shutdown on SIGTERM: serve (readiness failing) for shutdown_delay, then
+    # stop accepting and finish in-flight requests for at most drain_timeout.
+    shutdown_delay: timedelta = timedelta(seconds=5)
+    drain_timeout: timedelta = timedelta(seconds=15)
     # The audit log's disk budget: at most audit_max_bytes * (audit_max_files + 1) bytes
     # (the current file and audit_max_files rotated ones).
     audit_max_bytes: int = 100 * 1024 * 1024
@@ -121,6 +135,29 @@ class Config:
         max_body = hook.pop_int("maxBodyBytes", defaults.max_body_bytes)
         if max_body < 1024:
             raise ConfigError("webhook.maxBodyBytes", "must be at least 1024")
+        hook_timeouts = {
+            name: _positive_duration(hook, name, default)
+            for name, default in (
+                ("idleTimeout", defaults.idle_timeout),
+                ("headerTimeout", defaults.header_timeout),
+                ("bodyTimeout", defaults.body_timeout),
+                ("drainTimeout", defaults.drain_timeout),
+            )
+        }
+        shutdown_delay = parse_duration(
+            hook.pop_str("shutdownDelay", _format_duration(defaults.shutdown_delay)),
+            "webhook.shutdownDelay",
+        )
+        max_connections = hook.pop_int("maxConnections", defaults.max_connections)
+        if max_connections < 1:
+            raise ConfigError("webhook.maxConnections", "must be at least 1")
+        in_flight_body = hook.pop_int("maxInFlightBodyBytes", defaults.max_in_flight_body_bytes)
+        if in_flight_body < max_body:
+            raise ConfigError(
+                "webhook.maxInFlightBodyBytes",
+                f"must be at least webhook.maxBodyBytes ({max_body}), or no body could be read",
+            )
+        client_ca = hook.pop_str("clientCAFile", "")
         audit_max_bytes = hook.pop_int("auditMaxBytes", defaults.audit_max_bytes)
         if audit_max_bytes < 65536:
             # Room for several of the largest (8 KiB) lines per file.
@@ -139,6 +176,14 @@ class Config:
                 hook.pop_str("metricsAddress", defaults.metrics_address), "webhook.metricsAddress"
             ),
             max_body_bytes=max_body,
+            idle_timeout=hook_timeouts["idleTimeout"],
+            header_timeout=hook_timeouts["headerTimeout"],
+            body_timeout=hook_timeouts["bodyTimeout"],
+            max_connections=max_connections,
+            max_in_flight_body_bytes=in_flight_body,
+            client_ca_file=Path(client_ca) if client_ca else None,
+            shutdown_delay=shutdown_delay,
+            drain_timeout=hook_timeouts["drainTimeout"],
             audit_max_bytes=audit_max_bytes,
             audit_max_files=audit_max_files,
             holder_identities=tuple(holder_identities),
@@ -166,6 +211,18 @@ class Config:
             webhook=webhook,
             readmission=readmission,
         )
+
+
+def _format_duration(value: timedelta) -> str:
+    return f"{int(value.total_seconds() * 1000)}ms"
+
+
+def _positive_duration(section: _Section, name: str, default: timedelta) -> timedelta:
+    key = section._key(name)
+    value = parse_duration(section.pop_str(name, _format_duration(default)), key)
+    if value <= timedelta(0):
+        raise ConfigError(key, "must be longer than zero")
+    return value
 
 
 def split_address(address: str) -> tuple[str, int]:

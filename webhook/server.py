@@ -31,11 +31,22 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from holdwarden.config import Config, split_address
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from webhook.audit import AuditWriter, audit_record, rfc3339
+from webhook.connections import (
+    LINGERING_TIME,
+    MAX_FIELD_SIZE,
+    MAX_HEADERS,
+    MAX_LINE_SIZE,
+    BodyBudget,
+    ConnectionGuard,
+    GuardedTLSSite,
+    Limits,
+    harden_tls,
+)
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.review import (
     BadReview,
@@ -51,6 +62,14 @@ from webhook.rules import RulesConfig, Violation, evaluate, skip_reason
 log = logging.getLogger("holdwarden.webhook")
 
 SWITCH_INTERVAL = 0.0005
+# The kube-apiserver decodes JSON with Go's encoding/json (and k8s.io/apimachinery's
+# util/json), which refuse nesting deeper than 10,000 levels; so an object it stores is at
+# most that deep, and a review embeds it 3 levels down. msgspec (like Python's json) counts
+# nesting against sys.getrecursionlimit() (default 1,000), so the limit is raised to cover
+# the apiserver's. Measured C stack: ~270 bytes a level (msgspec decoding into Python
+# objects); 12,000 levels is ~3 MiB of the 8 MiB main-thread stack.
+APISERVER_MAX_JSON_DEPTH = 10_000
+RECURSION_LIMIT = APISERVER_MAX_JSON_DEPTH + 2_000
 _KNOWN_RESOURCES = frozenset({TRAINJOB.plural, WORKLOAD.plural})
 _KNOWN_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 _JSON = "application/json"
@@ -110,6 +129,7 @@ class State:
     """Mutable server state shared by both apps."""
 
     ready: bool = False
+    draining: bool = False  # SIGTERM came: /readyz fails while the server drains
     tls: TLSSource | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Each returns why the server must not be ready now (e.g. the audit log cannot be
@@ -139,6 +159,8 @@ class Enforcer:
         self.metrics = metrics
         self.clock = clock
         self.max_body = config.webhook.max_body_bytes
+        self.body_timeout = config.webhook.body_timeout.total_seconds()
+        self.budget = BodyBudget(config.webhook.max_in_flight_body_bytes)
 
     @staticmethod
     def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -149,13 +171,26 @@ class Enforcer:
             "bad admission request", extra={"fields": {"status": status, "reason": message}}
         )
         self.metrics.observe("", "", "invalid", "", time.perf_counter() - started)
-        return self._json(status, bad_request_body(status, message))
+        response = self._json(status, bad_request_body(status, message))
+        if status in (408, 413):
+            # The rest of the body is unread: this connection cannot carry another request.
+            response.force_close()
+        return response
 
     async def validate(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
             return await self._validate(request, started)
+        except ConnectionError as exc:
+            # The client went away mid-body: nobody will read an answer, and it is not a
+            # bug, so one line and no traceback.
+            log.info(
+                "client disconnected before sending the whole body",
+                extra={"fields": {"peer": _peer(request), "error": str(exc) or type(exc).__name__}},
+            )
+            self.metrics.observe("", "", "invalid", "", time.perf_counter() - started)
+            return web.Response(status=400, body=_LAST_RESORT, content_type=_JSON)
         except Exception as exc:  # never a 500, never a crash
             try:
                 log.exception("unexpected error reading an admission request")
@@ -170,12 +205,53 @@ class Enforcer:
             f"body exceeds webhook.maxBodyBytes ({self.max_body} bytes); "
             f"an AdmissionReview this large is not expected"
         )
-        if request.content_length is not None and request.content_length > self.max_body:
+        declared = request.content_length
+        if declared is not None and declared > self.max_body:
             raise BadReview(413, too_big)
+        # A body must arrive within webhook.bodyTimeout, waiting for room in the process's
+        # body budget included; what it holds of the budget is given back once read.
         try:
-            return await request.read()
+            async with asyncio.timeout(self.body_timeout):
+                granted = await self.budget.acquire(
+                    declared if declared is not None else self.max_body
+                )
+                try:
+                    return await request.read()
+                finally:
+                    self.budget.release(granted)
         except web.HTTPRequestEntityTooLarge:
             raise BadReview(413, too_big) from None
+        except TimeoutError:
+            raise BadReview(
+                408,
+                f"the body did not arrive within webhook.bodyTimeout ({self.body_timeout:g}s)",
+            ) from None
+        except web.RequestPayloadError as exc:
+            # A broken chunked encoding or a truncated body: the client's fault.
+            raise BadReview(400, f"could not read the body: {exc}") from None
+
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: refuse an oversized body before the client sends it.
+
+        aiohttp's default would answer ``100 Continue`` first, and the client would then
+        send the whole body only to get the 413.
+        """
+        declared = request.content_length
+        if declared is not None and declared > self.max_body:
+            response = self._bad(
+                413,
+                f"Content-Length {declared} exceeds webhook.maxBodyBytes ({self.max_body} bytes)",
+                time.perf_counter(),
+            )
+            response.force_close()
+            return response
+        if request.version != HttpVersion11:
+            return None
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text="only Expect: 100-continue is understood")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the 100 is not part of the answer's size
+        return None
 
     async def _validate(self, request: web.Request, started: float) -> web.Response:
         try:
@@ -236,6 +312,20 @@ class Enforcer:
             )
 
 
+def _peer(request: web.Request) -> str:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+
+
+def allow_apiserver_json_depth() -> None:
+    """Let msgspec decode the deepest JSON the kube-apiserver stores (see RECURSION_LIMIT).
+
+    Process-wide and only ever raised, like the switch interval below.
+    """
+    if sys.getrecursionlimit() < RECURSION_LIMIT:
+        sys.setrecursionlimit(RECURSION_LIMIT)
+
+
 def _where(review: Review) -> dict[str, Any]:
     change = review.change
     return {
@@ -261,21 +351,38 @@ def _health_routes(state: State) -> list[web.RouteDef]:
             if reasons:
                 return web.Response(status=503, text="not ready: " + "; ".join(reasons) + "\n")
             return web.Response(text="ready\n")
+        if state.draining:
+            return web.Response(status=503, text="not ready: shutting down\n")
         return web.Response(status=503, text="not ready: TLS site is not serving yet\n")
 
     return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
 
 
 def build_app(
-    config: Config, audit: AuditWriter, metrics: Metrics, state: State | None = None
+    config: Config,
+    audit: AuditWriter,
+    metrics: Metrics,
+    state: State | None = None,
+    *,
+    guard: ConnectionGuard | None = None,
 ) -> web.Application:
     """The admission app (POST /validate, /healthz, /readyz). ``state`` defaults to ready,
-    for tests that serve it without TLS."""
+    for tests that serve it without TLS. With ``guard`` (the TLS site's), a middleware
+    tells it when each request starts and ends."""
     state = state if state is not None else State(ready=True)
+    allow_apiserver_json_depth()
     enforcer = Enforcer(config, audit, metrics)
     # One byte over the limit is enough for aiohttp to refuse; the handler words the 413.
-    app = web.Application(client_max_size=config.webhook.max_body_bytes)
-    app.add_routes([web.post("/validate", enforcer.validate), *_health_routes(state)])
+    app = web.Application(
+        client_max_size=config.webhook.max_body_bytes,
+        middlewares=[guard.middleware()] if guard is not None else [],
+    )
+    app.add_routes(
+        [
+            web.post("/validate", enforcer.validate, expect_handler=enforcer.expect),
+            *_health_routes(state),
+        ]
+    )
     return app
 
 
@@ -331,6 +438,8 @@ class EnforcerServer:
         self.metrics_port = 0
         self._runners: list[web.AppRunner] = []
         self._watch: asyncio.Task[None] | None = None
+        self.guard = ConnectionGuard(Limits.from_config(config.webhook))
+        self._site: GuardedTLSSite | None = None
 
     async def start(self) -> None:
         # The audit writer thread needs the GIL for a moment after each fdatasync before the
@@ -354,13 +463,27 @@ class EnforcerServer:
         await metrics_site.start()
         self.metrics_port = _bound_port(metrics_runner)
 
-        app = build_app(self.config, self.audit, self.metrics, self.state)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        hook = self.config.webhook
+        harden_tls(tls.ssl_context, str(hook.client_ca_file) if hook.client_ca_file else None)
+        self.guard.start()
+        app = build_app(self.config, self.audit, self.metrics, self.state, guard=self.guard)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            # aiohttp's own idle timer, a second line behind the guard's.
+            keepalive_timeout=hook.idle_timeout.total_seconds(),
+            lingering_time=LINGERING_TIME,
+            max_headers=MAX_HEADERS,
+            max_field_size=MAX_FIELD_SIZE,
+            max_line_size=MAX_LINE_SIZE,
+        )
         await runner.setup()
         self._runners.append(runner)
         host, port = split_address(self.config.webhook.listen_address)
-        site = web.TCPSite(runner, host, port, ssl_context=tls.ssl_context, reuse_address=True)
+        site = GuardedTLSSite(runner, host, port, ssl_context=tls.ssl_context, guard=self.guard)
         await site.start()
+        self._site = site
         self.port = _bound_port(runner)
         self.state.ready = True
         log.info(
@@ -380,8 +503,52 @@ class EnforcerServer:
         log.info("reopening the audit log", extra={"fields": {"signal": "SIGHUP"}})
         self.audit.reopen()
 
+    async def drain(self) -> None:
+        """SIGTERM: stop being ready, keep serving, then finish what is in flight.
+
+        1. /readyz fails at once, and every answer from now on closes its connection, so
+           keep-alive clients move to another endpoint without a race (they read
+           ``Connection: close`` before they would reuse the connection).
+        2. For ``webhook.shutdownDelay`` everything is served as usual, new connections
+           included, while endpoints and load balancers stop sending here.
+        3. The listener closes; connections with nothing in flight are closed; a request
+           that has started (its body still arriving included) is answered. All of that
+           within ``webhook.drainTimeout``; whatever is left then is cut off.
+        """
+        hook = self.config.webhook
+        self.state.ready = False
+        self.state.draining = True
+        self.guard.drain()
+        started = time.monotonic()
+        log.info(
+            "draining",
+            extra={
+                "fields": {
+                    "shutdownDelay": f"{hook.shutdown_delay.total_seconds():g}s",
+                    "drainTimeout": f"{hook.drain_timeout.total_seconds():g}s",
+                    "connections": self.guard.count,
+                }
+            },
+        )
+        await asyncio.sleep(hook.shutdown_delay.total_seconds())
+        if self._site is not None:
+            self._site.stop_listening()
+        self.guard.close_idle_now()
+        drained = await self.guard.wait_empty(hook.drain_timeout.total_seconds())
+        cut = 0 if drained else self.guard.abort_all()
+        log.info(
+            "drained" if drained else "drain timed out",
+            extra={
+                "fields": {
+                    "seconds": round(time.monotonic() - started, 3),
+                    "cutOff": cut,
+                }
+            },
+        )
+
     async def stop(self) -> None:
         self.state.ready = False
+        await self.guard.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
@@ -422,6 +589,7 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
             loop.add_signal_handler(signal.SIGHUP, server.reopen_logs)
             await stop.wait()
             log.info("stopping")
+        await server.drain()
     finally:
         if gate is not None:
             await asyncio.get_running_loop().run_in_executor(None, gate.stop)

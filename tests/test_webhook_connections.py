@@ -1,0 +1,410 @@
+"""The enforcer's TLS port under hostile and odd clients, with the real server over TLS.
+
+Timeouts, the connection cap, per-connection memory, ``Expect: 100-continue``, a client
+that goes away mid-body, TLS suites, mutual TLS and JSON nesting at the kube-apiserver's
+own limit. Every wait is bounded (asyncio.timeout), with room for a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from certs.generate import generate_ca, generate_client
+from tests.enforcer_tls import (
+    Pki,
+    ServeProcess,
+    close_quietly,
+    closed_by_peer,
+    open_tls,
+    read_response,
+    request_bytes,
+    review_body,
+    rss_kib,
+    serving,
+)
+from webhook.connections import READ_BUFFER
+from webhook.server import APISERVER_MAX_JSON_DEPTH
+
+FAST = {
+    "idle_timeout": timedelta(milliseconds=600),
+    "header_timeout": timedelta(milliseconds=600),
+    "body_timeout": timedelta(milliseconds=600),
+}
+# The header timeout alone: aiohttp's own keep-alive timer (set to the idle timeout) must
+# not be what closes the connection.
+HEADERS_ONLY = {**FAST, "idle_timeout": timedelta(seconds=30)}
+
+
+async def roundtrip(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes
+) -> tuple[int, dict[str, str], bytes]:
+    writer.write(request_bytes(body))
+    return await read_response(reader)
+
+
+# --- timeouts -------------------------------------------------------------------------------
+
+
+async def test_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path, **FAST) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            status, headers, _ = await roundtrip(reader, writer, review_body())
+            assert status == 200 and headers.get("connection", "").lower() != "close"
+            answered = time.monotonic()
+            async with asyncio.timeout(10):
+                assert await closed_by_peer(reader)
+            waited = time.monotonic() - answered
+            # Not before the idle timeout, and not long after it (the sweep runs 4x as often).
+            assert 0.5 <= waited < 5, waited
+        finally:
+            close_quietly(writer)
+
+
+async def test_silent_connection_is_closed_after_the_header_timeout(tmp_path: Path) -> None:
+    # A connection that never sends a request is not idle between requests: its handshake
+    # and first headers share one header timeout.
+    async with serving(tmp_path, **HEADERS_ONLY) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            async with asyncio.timeout(10):
+                assert await closed_by_peer(reader)
+        finally:
+            close_quietly(writer)
+        assert served.server.guard.header_timeouts == 1
+
+
+async def test_slowloris_headers_are_cut_off_however_they_trickle(tmp_path: Path) -> None:
+    async with serving(tmp_path, **HEADERS_ONLY) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        started = time.monotonic()
+        try:
+            writer.write(b"POST /validate HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            closed = False
+            async with asyncio.timeout(10):
+                while not closed:
+                    writer.write(b"a")  # a byte every 50 ms never finishes the headers
+                    try:
+                        async with asyncio.timeout(0.05):
+                            closed = await closed_by_peer(reader)
+                    except TimeoutError:
+                        pass
+                    except (ConnectionError, ssl.SSLError):
+                        closed = True
+            assert time.monotonic() - started >= 0.5
+        finally:
+            close_quietly(writer)
+        assert served.server.guard.header_timeouts == 1
+
+
+async def test_a_body_that_stops_arriving_gets_408_and_the_connection_closes(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path, **FAST) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            body = review_body()
+            writer.write(request_bytes(body)[: -len(body) // 2])  # half of the body, then nothing
+            async with asyncio.timeout(10):
+                status, headers, answer = await read_response(reader)
+                assert status == 408, answer
+                assert "bodyTimeout" in json.loads(answer)["message"]
+                assert headers.get("connection", "").lower() == "close"
+                assert await closed_by_peer(reader)
+        finally:
+            close_quietly(writer)
+
+
+async def test_requests_in_progress_are_not_cut_off_by_the_header_timeout(
+    tmp_path: Path,
+) -> None:
+    # A keep-alive client that sends a review every 200 ms for 2 s (3x the timeouts) keeps
+    # its connection: the timeouts only apply to a connection that is not being served.
+    async with serving(tmp_path, **FAST) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            async with asyncio.timeout(20):
+                for _ in range(10):
+                    status, _, _ = await roundtrip(reader, writer, review_body())
+                    assert status == 200
+                    await asyncio.sleep(0.2)
+        finally:
+            close_quietly(writer)
+
+
+# --- the connection cap ---------------------------------------------------------------------
+
+
+async def test_at_the_cap_the_longest_idle_connection_makes_room(tmp_path: Path) -> None:
+    cap = 8
+    async with serving(tmp_path, max_connections=cap) as served:
+        guard = served.server.guard
+        held = []
+        try:
+            async with asyncio.timeout(30):
+                for _ in range(3 * cap):
+                    held.append(await open_tls(served.port, served.context))
+                    assert guard.count <= cap
+                # A valid review on a new connection is still served, and old idle ones
+                # were closed to make room.
+                reader, writer = await open_tls(served.port, served.context)
+                held.append((reader, writer))
+                status, _, _ = await roundtrip(reader, writer, review_body())
+                assert status == 200
+                assert guard.count <= cap
+                assert guard.evicted >= 2 * cap
+                assert await closed_by_peer(held[0][0])
+        finally:
+            for _, w in held:
+                close_quietly(w)
+
+
+async def test_at_the_cap_a_request_in_progress_is_never_evicted(tmp_path: Path) -> None:
+    cap = 4
+    async with serving(tmp_path, max_connections=cap, body_timeout=timedelta(seconds=20)) as served:
+        busy = []
+        extra = []
+        try:
+            async with asyncio.timeout(30):
+                body = review_body()
+                for _ in range(cap):
+                    reader, writer = await open_tls(served.port, served.context)
+                    writer.write(request_bytes(body)[:-10])  # every request mid-body
+                    busy.append((reader, writer))
+                while served.server.guard._idle:  # until the handlers have the requests
+                    await asyncio.sleep(0.01)
+                # A newcomer finds no idle connection to evict: it is the one refused,
+                # during its handshake or right after.
+                try:
+                    reader, writer = await open_tls(served.port, served.context)
+                except (ConnectionError, ssl.SSLError):
+                    pass
+                else:
+                    extra.append(writer)
+                    assert await closed_by_peer(reader)
+                assert served.server.guard.rejected >= 1
+                for reader, writer in busy:  # and every request in progress is answered
+                    writer.write(request_bytes(body)[-10:])
+                    status, _, _ = await read_response(reader)
+                    assert status == 200
+        finally:
+            for _, w in busy:
+                close_quietly(w)
+            for w in extra:
+                close_quietly(w)
+
+
+async def test_each_connection_costs_a_small_bounded_amount_of_memory(tmp_path: Path) -> None:
+    # The real command in its own process, so its RSS is the server's alone. asyncio's TLS
+    # layer gives a connection a 256 KiB receive buffer; the enforcer gives it 32 KiB.
+    pki = Pki.create(tmp_path / "pki")
+    serve = ServeProcess(tmp_path / "serve", pki, {"maxConnections": 200})
+    held = []
+    try:
+        async with asyncio.timeout(90):
+            await serve.ready()
+            context = pki.client_context()
+            for _ in range(20):  # warm up allocator pools first
+                held.append(await open_tls(serve.port, context))
+            await asyncio.sleep(0.2)
+            before = rss_kib(serve.proc.pid)
+            for _ in range(150):
+                held.append(await open_tls(serve.port, context))
+            await asyncio.sleep(0.5)
+            per_connection = (rss_kib(serve.proc.pid) - before) / 150
+            assert per_connection < 2 * READ_BUFFER / 1024 + 64, per_connection
+            # Over the cap, memory stops growing with connections.
+            for _ in range(200):
+                held.append(await open_tls(serve.port, context))
+            await asyncio.sleep(0.5)
+            assert (rss_kib(serve.proc.pid) - before) / 1024 < 60
+    finally:
+        for _, w in held:
+            close_quietly(w)
+        serve.kill()
+
+
+# --- Expect: 100-continue, clients that go away -------------------------------------------------
+
+
+async def test_oversized_expect_100_continue_gets_413_before_any_continue(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            writer.write(
+                b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 99000000\r\nExpect: 100-continue\r\n\r\n"
+            )
+            async with asyncio.timeout(10):
+                status, _, answer = await read_response(reader)
+            assert status == 413, answer
+            assert "maxBodyBytes" in json.loads(answer)["message"]
+        finally:
+            close_quietly(writer)
+
+
+async def test_expect_100_continue_within_the_limit_still_continues(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            body = review_body()
+            writer.write(
+                request_bytes(body, extra_headers="Expect: 100-continue\r\n")[: -len(body)]
+            )
+            async with asyncio.timeout(10):
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+                writer.write(body)
+                status, _, _ = await read_response(reader)
+            assert status == 200
+        finally:
+            close_quietly(writer)
+
+
+async def test_a_client_gone_mid_body_is_one_log_line_without_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="holdwarden")
+    async with serving(tmp_path) as served:
+        _, writer = await open_tls(served.port, served.context)
+        body = review_body()
+        writer.write(request_bytes(body)[: -len(body) // 2])
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.transport.abort()  # gone, mid-body
+        async with asyncio.timeout(10):
+            while not any("disconnected" in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+    ours = [r for r in caplog.records if r.name.startswith("holdwarden")]
+    assert sum("disconnected" in r.getMessage() for r in ours) == 1
+    assert not [r for r in ours if r.exc_info], [r.getMessage() for r in ours if r.exc_info]
+
+
+# --- TLS ------------------------------------------------------------------------------------
+
+
+async def test_tls12_offers_aead_suites_only_and_tls13_is_allowed(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+
+        async def handshake(context: ssl.SSLContext) -> str | None:
+            try:
+                async with asyncio.timeout(10):
+                    reader, writer = await open_tls(served.port, context)
+            except (ssl.SSLError, ConnectionError):
+                return None
+            try:
+                cipher = writer.get_extra_info("cipher")
+                status, _, _ = await roundtrip(reader, writer, review_body())
+                assert status == 200
+                return f"{cipher[1]} {cipher[0]}"
+            finally:
+                close_quietly(writer)
+
+        def tls12(ciphers: str) -> ssl.SSLContext:
+            context = served.pki.client_context()
+            context.maximum_version = ssl.TLSVersion.TLSv1_2
+            context.set_ciphers(ciphers)
+            return context
+
+        cbc = (
+            "ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA:"
+            "ECDHE-ECDSA-AES128-SHA256:ECDHE-ECDSA-AES256-SHA384"
+        )
+        assert await handshake(tls12(cbc)) is None  # no CBC suite is offered
+        gcm = await handshake(tls12("ECDHE+AESGCM"))
+        assert gcm is not None and gcm.startswith("TLSv1.2") and "GCM" in gcm
+        chacha = await handshake(tls12("ECDHE+CHACHA20"))
+        assert chacha is not None and "CHACHA20" in chacha
+        modern = served.pki.client_context()
+        modern.minimum_version = ssl.TLSVersion.TLSv1_3
+        tls13 = await handshake(modern)
+        assert tls13 is not None and tls13.startswith("TLSv1.3")
+
+
+async def test_mutual_tls_requires_a_client_certificate_from_the_client_ca(
+    tmp_path: Path,
+) -> None:
+    callers = generate_ca("apiserver-clients")
+    (tmp_path / "clients").mkdir()
+    client_ca = tmp_path / "clients" / "ca.crt"
+    client_ca.write_bytes(callers.cert_pem)
+    apiserver = generate_client(callers, "kube-apiserver")
+    stranger = generate_client(generate_ca("someone-else"), "kube-apiserver")
+
+    async with serving(tmp_path / "server", client_ca_file=client_ca) as served:
+
+        async def review_with(context: ssl.SSLContext) -> int | None:
+            try:
+                async with asyncio.timeout(10):
+                    reader, writer = await open_tls(served.port, context)
+                    try:
+                        status, _, _ = await roundtrip(reader, writer, review_body())
+                        return status
+                    finally:
+                        close_quietly(writer)
+            except (ssl.SSLError, ConnectionError, asyncio.IncompleteReadError):
+                # TLS 1.3: the server's verdict on our certificate comes after our side of
+                # the handshake, so it surfaces on the first read.
+                return None
+
+        assert await review_with(served.pki.client_context(apiserver)) == 200
+        assert await review_with(served.pki.client_context()) is None
+        assert await review_with(served.pki.client_context(stranger)) is None
+
+
+async def test_without_client_ca_no_client_certificate_is_needed(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            async with asyncio.timeout(10):
+                status, _, _ = await roundtrip(reader, writer, review_body())
+            assert status == 200
+        finally:
+            close_quietly(writer)
+
+
+# --- JSON nesting ---------------------------------------------------------------------------
+
+
+def _nested_review(depth: int) -> bytes:
+    """A held TrainJob UPDATE whose new object is ``depth`` levels deep (the object itself
+    counts as one), deep inside a field the rules do not read; the deepest a kube-apiserver
+    stores is 10,000 (Go's encoding/json and k8s.io/apimachinery util/json)."""
+    doc = json.loads(review_body(refuse=True))
+    text = json.dumps(doc)
+    marker = '"spec": {'
+    # object (1) -> spec (2) -> extra (3) -> depth-3 more levels of lists.
+    inner = "[" * (depth - 3) + "]" * (depth - 3)
+    head, _, tail = text.rpartition(marker)  # the new object's spec comes last
+    return (head + marker + f'"extra": {inner}, ' + tail).encode()
+
+
+async def test_nesting_as_deep_as_the_apiserver_stores_is_judged(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            async with asyncio.timeout(30):
+                status, _, answer = await roundtrip(
+                    reader, writer, _nested_review(APISERVER_MAX_JSON_DEPTH)
+                )
+                assert status == 200, answer[:300]
+                response = json.loads(answer)["response"]
+                assert response["allowed"] is False  # judged, and the hold is enforced
+                assert response["auditAnnotations"]["rule"] == "held-trainjob-suspended"
+                # Far deeper than any apiserver sends: a 400, and the server lives on.
+                status, _, _ = await roundtrip(reader, writer, _nested_review(200_000))
+                assert status == 400
+                status, _, _ = await roundtrip(reader, writer, review_body())
+                assert status == 200
+        finally:
+            close_quietly(writer)

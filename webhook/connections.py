@@ -1,0 +1,459 @@
+"""Bounds on the enforcer's TLS connections: timeouts, a connection cap, bounded memory.
+
+On its own, aiohttp keeps a connection open for as long as the client likes (its keep-alive
+timer is an hour), puts no time limit on a request's headers or body, and accepts any
+number of connections. asyncio's TLS layer also gives every connection a 256 KiB receive
+buffer. This module puts bounds on all of that. It works below aiohttp, in the TLS protocol
+of each connection (``GuardedTLSProtocol``), and beside it, in a middleware that marks when
+a request has its headers and when it has been answered (``ConnectionGuard.middleware``).
+
+Invariants (``Limits`` holds the numbers, from ``webhook.*``):
+  - At most ``max_connections`` TCP connections are open at once, TLS handshakes included.
+    At the cap, a new connection evicts the connection that has waited longest without a
+    request in progress. If every connection has one, the new connection is closed at once.
+    A request in progress is never cut off to make room.
+  - A connection with no request in progress is closed ``idle_timeout`` after its last
+    answer if it sends nothing. Once it sends a byte of its next request it has
+    ``header_timeout`` to complete the headers. From accept, the TLS handshake and the
+    first request's headers share one ``header_timeout``.
+  - A request's body must arrive within ``body_timeout`` of its headers (``Enforcer._read``).
+    At most ``max_in_flight_body_bytes`` of bodies are buffered in the whole process at
+    once (``BodyBudget``); a request waits for room, within its body timeout.
+  - Each connection's receive buffer is ``READ_BUFFER`` bytes, not 256 KiB, and aiohttp's
+    header limits (``HEADER_LIMITS``) bound what a connection's headers can hold. So the
+    memory of a connection is bounded, and the process's memory is bounded by
+    ``max_connections`` times that plus the body budget.
+  - While draining (``ConnectionGuard.drain``), every answer carries ``Connection: close``.
+    A connection that has sent any part of a request (its body still arriving included) is
+    never closed before that request is answered, until ``drain_timeout`` runs out. Only
+    idle connections are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import ssl
+from asyncio import sslproto
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from holdwarden.config import WebhookConfig
+
+log = logging.getLogger("holdwarden.webhook.connections")
+
+# One TLS record is at most 16 KiB (plus its header and tag); two fit. asyncio's default of
+# 256 KiB per connection is what made 1,000 idle connections cost 343 MB.
+READ_BUFFER = 32 * 1024
+# A peer that never answers our close_notify cannot hold its memory for asyncio's default
+# 30 s.
+TLS_SHUTDOWN_TIMEOUT = 2.0
+# The kube-apiserver sends about ten headers (Host, User-Agent, Content-Type,
+# Content-Length, Accept, Accept-Encoding, Audit-ID, traceparent, maybe Authorization).
+# 32 leaves room for a proxy's additions, and 32 * 8 KiB bounds a connection's headers.
+MAX_HEADERS = 32
+MAX_FIELD_SIZE = 8190
+MAX_LINE_SIZE = 8190
+# After an early answer (408, 413), aiohttp reads and discards what is left of the body for
+# this long, so the client can read the answer before the connection closes.
+LINGERING_TIME = 2.0
+# During a drain, a connection counts as idle once it has been answered this long ago.
+# By then aiohttp has written the answer.
+_DRAIN_IDLE_AFTER = 0.5
+# TLS 1.2 suites: forward secret (ECDHE) and authenticated encryption (AES-GCM, ChaCha20)
+# only, so no CBC suite. TLS 1.3 suites are all AEAD and are not affected by this string.
+AEAD_TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The connection limits, in seconds and counts."""
+
+    idle_timeout: float
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+    max_in_flight_body_bytes: int
+
+    @classmethod
+    def from_config(cls, hook: WebhookConfig) -> Limits:
+        return cls(
+            idle_timeout=hook.idle_timeout.total_seconds(),
+            header_timeout=hook.header_timeout.total_seconds(),
+            body_timeout=hook.body_timeout.total_seconds(),
+            max_connections=hook.max_connections,
+            max_in_flight_body_bytes=hook.max_in_flight_body_bytes,
+        )
+
+
+def harden_tls(context: ssl.SSLContext, client_ca_file: str | None) -> None:
+    """AEAD-only TLS 1.2 (TLS 1.3 as it is), and optional mutual TLS.
+
+    With ``client_ca_file`` the handshake fails unless the client presents a certificate
+    that this CA signed (``webhook.clientCAFile``). The context's certificate can still be
+    hot-reloaded: ``load_cert_chain`` keeps these settings.
+    """
+    context.minimum_version = max(context.minimum_version, ssl.TLSVersion.TLSv1_2)
+    context.set_ciphers(AEAD_TLS12_CIPHERS)
+    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    if client_ca_file:
+        context.load_verify_locations(cafile=client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+
+
+# --- the body budget -------------------------------------------------------------------------
+
+
+class BodyBudget:
+    """At most ``limit`` bytes of request bodies held at once; waiters are served in order.
+
+    ``acquire(n)`` returns the bytes it reserved (``n``, capped at ``limit``); the caller
+    must ``release`` exactly that, also when it fails.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    async def acquire(self, n: int) -> int:
+        n = max(0, min(n, self.limit))
+        if not self._waiters and self.used + n <= self.limit:
+            self.used += n  # the fast path: no queue, room now
+            return n
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, waiter))
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release(n)  # granted as we were cancelled: give it back
+            else:
+                waiter.cancel()  # _wake skips it
+            raise
+        return n
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            n, waiter = self._waiters[0]
+            if waiter.done():
+                self._waiters.popleft()
+                continue
+            if self.used + n > self.limit:
+                return
+            self._waiters.popleft()
+            self.used += n
+            waiter.set_result(None)
+
+
+# --- per-connection state --------------------------------------------------------------------
+
+
+class _Conn:
+    """One TCP connection, as the guard sees it."""
+
+    __slots__ = ("busy", "closed", "handler", "reading_since", "since", "transport")
+
+    def __init__(self, handler: Any, now: float) -> None:
+        self.handler = handler  # aiohttp's RequestHandler for this connection
+        self.transport: asyncio.Transport | None = None  # the TCP transport
+        self.since = now  # accepted, or last answered
+        # When the first byte of the next request arrived (accept counts: the handshake
+        # and the first request share one header timeout); None while silent.
+        self.reading_since: float | None = now
+        self.busy = False  # a request has its headers and is not answered yet
+        self.closed = False  # forgotten by the guard: counted out, or never admitted
+
+
+class GuardedTLSProtocol(sslproto.SSLProtocol):
+    """asyncio's TLS protocol with a small receive buffer, reporting to a ConnectionGuard.
+
+    It wraps aiohttp's per-connection protocol the way ``loop.create_server(ssl=...)``
+    would, so aiohttp sees an ordinary TLS transport.
+    """
+
+    max_size = READ_BUFFER  # SSLProtocol allocates its receive buffer of this size
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        app_protocol: asyncio.BaseProtocol,
+        context: ssl.SSLContext,
+        guard: ConnectionGuard,
+    ) -> None:
+        super().__init__(
+            loop,
+            app_protocol,
+            context,
+            # No waiter: nobody awaits the handshake (a failed one would otherwise leave
+            # a future whose exception is never retrieved). asyncio accepts None here.
+            None,  # type: ignore[arg-type]
+            server_side=True,
+            ssl_handshake_timeout=guard.limits.header_timeout,  # type: ignore[arg-type]
+            ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
+        )
+        self._hw_guard = guard
+        self._hw_conn = _Conn(app_protocol, loop.time())
+        self._hw_loop = loop
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._hw_conn.transport = transport
+        if not self._hw_guard.admit(self._hw_conn):
+            transport.abort()
+            return
+        super().connection_made(transport)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        conn = self._hw_conn
+        if not conn.busy and conn.reading_since is None:
+            conn.reading_since = self._hw_loop.time()
+        super().buffer_updated(nbytes)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._hw_guard.forget(self._hw_conn)
+        super().connection_lost(exc)
+
+
+# --- the guard -------------------------------------------------------------------------------
+
+
+class ConnectionGuard:
+    """Counts, times out, evicts and drains the connections of one TLS site."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        # Connections with no request in progress, the one answered longest ago first:
+        # eviction takes the first, and a drain closes them.
+        self._idle: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
+        self._by_handler: dict[object, _Conn] = {}
+        self.count = 0
+        self.closing = False
+        # What happened, for logs and tests.
+        self.evicted = 0
+        self.rejected = 0
+        self.idle_closed = 0
+        self.header_timeouts = 0
+        self._sweeper: asyncio.Task[None] | None = None
+        self._changed: asyncio.Event | None = None
+
+    # -- connection life ---------------------------------------------------------------
+
+    def admit(self, conn: _Conn) -> bool:
+        """A new connection: count it, evicting the longest-idle one at the cap."""
+        if self.count >= self.limits.max_connections:
+            victim = next(iter(self._idle), None)
+            if victim is None or self.closing:
+                self.rejected += 1
+                conn.closed = True
+                if self.rejected == 1 or self.rejected % 1000 == 0:
+                    log.warning(
+                        "connection refused: every connection has a request in progress",
+                        extra={"fields": {"maxConnections": self.limits.max_connections}},
+                    )
+                return False
+            self.evicted += 1
+            self._abort(victim)
+        self.count += 1
+        self._idle[conn] = None
+        self._by_handler[conn.handler] = conn
+        return True
+
+    def forget(self, conn: _Conn) -> None:
+        """The connection is gone (or is being aborted): count it out, once."""
+        if conn.closed:
+            return
+        conn.closed = True
+        self.count -= 1
+        self._idle.pop(conn, None)
+        self._by_handler.pop(conn.handler, None)
+        if self._changed is not None:
+            self._changed.set()
+
+    def _abort(self, conn: _Conn) -> None:
+        self.forget(conn)
+        if conn.transport is not None:
+            conn.transport.abort()
+
+    def _close_idle(self, conn: _Conn) -> None:
+        # A clean close (TLS close_notify, then FIN) once aiohttp has the connection; a
+        # connection still in its handshake has nothing to say goodbye to.
+        handler = conn.handler
+        if getattr(handler, "transport", None) is not None:
+            self._idle.pop(conn, None)
+            handler.force_close()
+        else:
+            self._abort(conn)
+
+    # -- requests (the middleware) ------------------------------------------------------
+
+    def begin(self, handler: object) -> None:
+        conn = self._by_handler.get(handler)
+        if conn is not None:
+            conn.busy = True
+            self._idle.pop(conn, None)
+
+    def end(self, handler: object, now: float) -> None:
+        conn = self._by_handler.get(handler)
+        if conn is not None and not conn.closed:
+            conn.busy = False
+            conn.since = now
+            conn.reading_since = None
+            self._idle[conn] = None  # now the most recently answered
+            if self.closing and self._changed is not None:
+                self._changed.set()
+
+    def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
+        """An aiohttp middleware: marks a request in progress; while draining, answers
+        close the connection."""
+        guard = self
+        loop_time = asyncio.get_running_loop().time
+
+        @web.middleware
+        async def track(
+            request: web.Request,
+            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        ) -> web.StreamResponse:
+            protocol = request.protocol
+            guard.begin(protocol)
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                if guard.closing:
+                    exc.force_close()
+                raise
+            finally:
+                guard.end(protocol, loop_time())
+            if guard.closing:
+                response.force_close()
+            return response
+
+        return track
+
+    # -- timeouts -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the sweeper that applies the idle and header timeouts."""
+        self._changed = asyncio.Event()
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="connection-sweeper")
+
+    async def _sweep_forever(self) -> None:
+        # A quarter of the shortest timeout, so a timeout fires at most 25 % late.
+        interval = max(0.02, min(1.0, self.limits.header_timeout / 4, self.limits.idle_timeout / 4))
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.sweep(loop.time())
+            except Exception:  # never let the sweeper die; it is what bounds connections
+                log.exception("connection sweep failed")
+
+    def sweep(self, now: float) -> None:
+        """Close connections past their idle or header timeout (and, while draining, idle
+        ones)."""
+        limits = self.limits
+        for conn in list(self._idle):
+            if conn.busy or conn.closed:
+                continue
+            if conn.reading_since is not None:
+                if now - conn.reading_since > limits.header_timeout:
+                    self.header_timeouts += 1
+                    self._abort(conn)
+            elif now - conn.since > (_DRAIN_IDLE_AFTER if self.closing else limits.idle_timeout):
+                self.idle_closed += 1
+                self._close_idle(conn)
+
+    # -- draining -----------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """From now on every answer closes its connection (``Connection: close``)."""
+        self.closing = True
+
+    def close_idle_now(self) -> None:
+        """Close every connection that has no request and no part of one, now."""
+        for conn in list(self._idle):
+            if not conn.busy and not conn.closed and conn.reading_since is None:
+                self.idle_closed += 1
+                self._close_idle(conn)
+
+    async def wait_empty(self, timeout: float) -> bool:
+        """Wait until no connection is left, for at most ``timeout`` s; True if none is."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.count > 0:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            changed = self._changed
+            if changed is None:
+                return self.count == 0
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(remaining, 0.1))
+        return True
+
+    def abort_all(self) -> int:
+        """Abort whatever is left; returns how many."""
+        left = [conn for conn in self._by_handler.values() if not conn.closed]
+        for conn in left:
+            self._abort(conn)
+        return len(left)
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+
+class GuardedTLSSite(web.BaseSite):
+    """A TCP site whose connections run ``GuardedTLSProtocol`` (TLS) under ``guard``."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext,
+        guard: ConnectionGuard,
+        backlog: int = 511,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._guard = guard
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        context = self._ssl_context
+        assert server is not None and context is not None
+        guard = self._guard
+
+        def connection() -> GuardedTLSProtocol:
+            return GuardedTLSProtocol(loop, server(), context, guard)
+
+        self._server = await loop.create_server(
+            connection, self._host, self._port, backlog=self._backlog, reuse_address=True
+        )
+
+    def stop_listening(self) -> None:
+        """Close the listening socket; open connections go on."""
+        if self._server is not None:
+            self._server.close()
