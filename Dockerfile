@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # holdwarden: the enforcer (`holdwarden serve`) and the operator CLI, in one image.
 #   docker build -t holdwarden:0.1.0 .
-# Stage 1 builds wheels for the project and its dependencies; stage 2 installs them
-# with no compiler, no pip cache and no source tree, and runs as a non-root user.
+# Stage 1 builds the project's wheel; stage 2 installs the dependencies pinned with hashes
+# in requirements.lock (pip --require-hashes: nothing is resolved afresh) and the wheel,
+# with no compiler, no pip cache and no source tree, and runs as a non-root user. The
+# wheel holds only the runtime parts: no tests, no local control plane, no demo.
 
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -12,13 +14,23 @@ COPY adapter/ adapter/
 COPY webhook/ webhook/
 COPY certs/ certs/
 COPY holdwarden/ holdwarden/
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="holdwarden" \
+      org.opencontainers.image.description="Instance-numbered holds for Kubeflow Trainer TrainJobs: admission enforcer, readmission gate and operator CLI" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+COPY requirements.lock /tmp/requirements.lock
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels holdwarden \
+    pip install --require-hashes --no-deps -r /tmp/requirements.lock \
+ && pip install --no-deps --no-index /wheels/holdwarden-*.whl \
+ && rm /tmp/requirements.lock \
  && groupadd --gid 65532 holdwarden \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin holdwarden \

@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck unit binaries bench clean
+.PHONY: test demo lint typecheck unit binaries bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ binaries: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/hadolint Dockerfile
+
+# The image's dependencies, pinned with hashes (the Dockerfile installs them with
+# --require-hashes). Run after changing [project].dependencies; a test checks they agree.
+lock: $(STAMP)
+	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --no-header --quiet -o requirements.lock
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

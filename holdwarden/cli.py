@@ -10,10 +10,31 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from holdwarden import __version__
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+class _DemoUnavailable:
+    """``holdwarden demo`` where only the runtime parts are installed (the image, a wheel)."""
+
+    @staticmethod
+    def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+        parser = subparsers.add_parser(
+            "demo", help="the whole story on a local control plane (needs a source checkout)"
+        )
+        parser.set_defaults(handler=_DemoUnavailable.explain)
+
+    @staticmethod
+    def explain(_: argparse.Namespace) -> int:
+        print(
+            "holdwarden demo: this installation has only the runtime parts (no local control "
+            "plane); run it from a source checkout with `make demo`",
+            file=sys.stderr,
+        )
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,8 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     # part keeps its CLI beside its code.
     from adapter import cli as adapter_cli
     from certs import cli as certs_cli
-    from holdwarden import demo
     from webhook import cli as webhook_cli
+
+    demo: Any
+    try:
+        # The demo runs a local control plane: development tooling, not in the wheel.
+        from holdwarden.localcluster import demo
+    except ImportError:
+        demo = _DemoUnavailable
 
     parser = argparse.ArgumentParser(
         prog="holdwarden",

@@ -671,13 +671,17 @@ def test_adapter_preflight_detects_the_real_enforcer(
     from adapter import Adapter, Config
     from holdwarden.localcluster import SUPERVISOR_IDENTITY
 
-    guarded = enforcer.namespace()
-    with cluster.api_client(SUPERVISOR_IDENTITY) as api:
-        adapter = Adapter(Config(mode="kueue"), api)
-        inside = adapter.preflight(guarded)
-        outside = adapter.preflight(namespace)
-    assert inside.enforcer_installed.supported, inside.enforcer_installed.reason
-    assert not outside.enforcer_installed.supported, outside.enforcer_installed.reason
-    probes = [line for line in enforcer.audit() if line["namespace"] == guarded]
-    assert probes and all(line["dryRun"] is True for line in probes)
-    assert {line["rule"] for line in probes} == {"held-trainjob-suspended"}
+    # Each mode probes with its own held kind: a Workload in Kueue mode (so no TrainJob
+    # webhook, Trainer's or Kueue's, can answer first), a TrainJob in plain mode.
+    for mode, rule in (("kueue", "held-workload-inactive"), ("plain", "held-trainjob-suspended")):
+        guarded = enforcer.namespace()
+        with cluster.api_client(SUPERVISOR_IDENTITY) as api:
+            adapter = Adapter(Config(mode=mode), api)  # type: ignore[arg-type]
+            inside = adapter.preflight(guarded)
+            outside = adapter.preflight(namespace)
+        assert inside.enforcer_installed.supported, inside.enforcer_installed.reason
+        assert rule in inside.enforcer_installed.reason
+        assert not outside.enforcer_installed.supported, outside.enforcer_installed.reason
+        probes = [line for line in enforcer.audit() if line["namespace"] == guarded]
+        assert probes and all(line["dryRun"] is True for line in probes)
+        assert {line["rule"] for line in probes} == {rule}
