@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, RuleId
 from tests import policy_corpus as corpus
 from tests.k8s_objects import trainjob_body
@@ -196,6 +196,10 @@ def policy_only(
 
 
 RUNS = ("webhook", "policy")
+# The same corpus (its first OWNER_WRITES writes) with hold-owner-only on in both twins.
+OWNER_RUNS = ("webhook+owner", "policy+owner")
+OWNER_WRITES = 1000
+HOLDERS = (SUPERVISOR_IDENTITY,)
 
 
 class Prepared:
@@ -209,8 +213,8 @@ class Prepared:
         for base in {w.base.key: w.base for w in writes if w.base is not None}.values():
             jobs.append((base, f"b-{base.key}"))
         for write in writes:
-            for run in RUNS:
-                name = f"w{write.index}-{run[0]}"
+            for number, run in enumerate(RUNS + OWNER_RUNS):
+                name = f"w{write.index}-{number}"
                 write.names[run] = name if not write.dry_run else f"d{write.index}"
                 if write.base is not None and not write.dry_run:
                     jobs.append((write.base, name))
@@ -225,47 +229,63 @@ class Prepared:
         name = f"b-{write.base.key}" if write.dry_run else write.names[run]
         return name, self.olds[name]
 
-    def run(self, clients: dict[str, k8s.ApiClient], run: str) -> list[corpus.Verdict]:
+    def run(
+        self, clients: dict[str, k8s.ApiClient], run: str, limit: int | None = None
+    ) -> list[corpus.Verdict]:
         def one(write: corpus.Write) -> corpus.Verdict:
             name, old = self.target(write, run)
             return corpus.send(write, clients, self.namespace, name, old)
 
         with ThreadPoolExecutor(4) as pool:
-            return list(pool.map(one, self.writes))
+            return list(pool.map(one, self.writes[:limit]))
 
 
 # --- latency ------------------------------------------------------------------------------
 
 
 def update_latency(
-    admin: k8s.ApiClient, namespace: str, tag: str, reps: int = 3, writes: int = 50
-) -> dict[str, float]:
-    """Median over ``reps`` of the p50 (ms) of ``writes`` sequential real UPDATEs (merge
-    patch of a label) of a held TrainJob and of a held Workload: allowed writes that the
-    shipped matchConditions send to the webhook, and that the policy evaluates in full."""
+    admin: k8s.ApiClient, namespaces: dict[str, str], reps: int = 3, writes: int = 50
+) -> dict[str, dict[str, float]]:
+    """Per configuration (namespace) and kind: the median over ``reps`` of the p50 (ms) of
+    ``writes`` real UPDATEs (merge patch of a label) of a held TrainJob and a held Workload.
+
+    Allowed writes, which the shipped matchConditions send to the webhook and the policy
+    evaluates in full. The configurations take turns write by write, so load on the machine
+    falls on all of them alike.
+    """
     api = k8s.CustomObjectsApi(admin)
     notes = corpus.hold_set("3", True)
-    bodies = {
-        TRAINJOB.kind: corpus.body_for(TRAINJOB.kind, f"lat-tj-{tag}", notes, False, True),
-        WORKLOAD.kind: corpus.body_for(WORKLOAD.kind, f"lat-wl-{tag}", notes, True, False),
-    }
-    result: dict[str, float] = {}
-    for kind, body in bodies.items():
-        resource = TRAINJOB if kind == TRAINJOB.kind else WORKLOAD
-        coords = (resource.group, resource.version, namespace, resource.plural)
-        api.create_namespaced_custom_object(*coords, body)
-        p50s = []
-        for rep in range(reps):
-            times = []
-            for i in range(writes):
-                patch = {"metadata": {"labels": {"tick": f"{rep}-{i}"}}}
-                began = time.perf_counter()
-                api.patch_namespaced_custom_object(
-                    *coords, body["metadata"]["name"], patch, _content_type=corpus.MERGE
-                )
-                times.append((time.perf_counter() - began) * 1000)
-            p50s.append(statistics.median(times))
-        result[kind] = statistics.median(p50s)
+    targets: list[tuple[str, str, tuple[str, str, str, str], str]] = []
+    for tag, namespace in namespaces.items():
+        for kind, body in (
+            (TRAINJOB.kind, corpus.body_for(TRAINJOB.kind, f"lat-tj-{tag}", notes, False, True)),
+            (WORKLOAD.kind, corpus.body_for(WORKLOAD.kind, f"lat-wl-{tag}", notes, True, False)),
+        ):
+            resource = TRAINJOB if kind == TRAINJOB.kind else WORKLOAD
+            coords = (resource.group, resource.version, namespace, resource.plural)
+            api.create_namespaced_custom_object(*coords, body)
+            targets.append((tag, kind, coords, body["metadata"]["name"]))
+
+    def touch(coords: tuple[str, str, str, str], name: str, value: str) -> float:
+        patch = {"metadata": {"labels": {"tick": value}}}
+        began = time.perf_counter()
+        api.patch_namespaced_custom_object(*coords, name, patch, _content_type=corpus.MERGE)
+        return (time.perf_counter() - began) * 1000
+
+    for i in range(15):  # warm up: connections, caches, the first calls of a webhook
+        for _, _, coords, name in targets:
+            touch(coords, name, f"warm-{i}")
+    p50s: dict[tuple[str, str], list[float]] = {(t, k): [] for t, k, _, _ in targets}
+    for rep in range(reps):
+        times: dict[tuple[str, str], list[float]] = {key: [] for key in p50s}
+        for i in range(writes):
+            for tag, kind, coords, name in targets:
+                times[(tag, kind)].append(touch(coords, name, f"{rep}-{i}"))
+        for key, values in times.items():
+            p50s[key].append(statistics.median(values))
+    result: dict[str, dict[str, float]] = {tag: {} for tag in namespaces}
+    for (tag, kind), values in p50s.items():
+        result[tag][kind] = statistics.median(values)
     return result
 
 
@@ -288,6 +308,23 @@ def parity_table(writes: list[corpus.Write], verdicts: dict[str, list[str]]) -> 
     for verdict in order + [v for v in others if v not in order]:
         label = verdict if verdict == "allowed" else f"refused: `{verdict}`"
         lines.append(f"| {label} | {counts['webhook'][verdict]} | {counts['policy'][verdict]} |")
+    if all(run in verdicts for run in OWNER_RUNS):
+        subset = len(verdicts[OWNER_RUNS[0]])
+        pairs = zip(verdicts[OWNER_RUNS[0]], verdicts[OWNER_RUNS[1]], strict=True)
+        lines += [
+            "",
+            f"With `hold-owner-only` on in both twins (holder: the supervisor's service account),"
+            f" the first {subset} writes; identical verdicts: {sum(a == b for a, b in pairs)}"
+            f"/{subset}.",
+            "",
+            "| verdict | webhook only | policy only |",
+            "|---|---|---|",
+        ]
+        owner_counts = {run: Counter(verdicts[run]) for run in OWNER_RUNS}
+        for verdict in [*order, str(RuleId.HOLD_OWNER_ONLY)]:
+            label = verdict if verdict == "allowed" else f"refused: `{verdict}`"
+            a, b = (owner_counts[run][verdict] for run in OWNER_RUNS)
+            lines.append(f"| {label} | {a} | {b} |")
     lines += ["", "| operation | method | dry run | real | refused |", "|---|---|---|---|---|"]
     groups: Counter[tuple[str, str, bool]] = Counter()
     refused: Counter[tuple[str, str]] = Counter()
@@ -334,25 +371,40 @@ def test_the_policy_gives_the_webhooks_verdicts(
     writes = corpus.generate()
     assert len(writes) >= 2000
     timings: dict[str, float] = {}
-    latency: dict[str, dict[str, float]] = {}
     clients = {who: cluster.api_client(user) for who, user in corpus.WRITERS.items()}
     try:
         with cluster.api_client() as admin:
             began = time.monotonic()
             prepared = Prepared(admin, namespace, writes)
             timings["prepare"] = time.monotonic() - began
-            latency["none"] = update_latency(admin, namespace, "none")
             verdicts: dict[str, list[str]] = {}
             began = time.monotonic()
             with webhook_only(admin, namespace, token, tmp_path):
                 verdicts["webhook"] = prepared.run(clients, "webhook")
                 timings["webhook"] = time.monotonic() - began
-                latency["webhook"] = update_latency(admin, namespace, "webhook")
             began = time.monotonic()
             with policy_only(admin, namespace, token):
                 verdicts["policy"] = prepared.run(clients, "policy")
                 timings["policy"] = time.monotonic() - began
-                latency["policy"] = update_latency(admin, namespace, "policy")
+            began = time.monotonic()
+            owner = Config(webhook=WebhookConfig(holder_identities=HOLDERS))
+            with webhook_only(admin, namespace, token, tmp_path, owner):
+                verdicts["webhook+owner"] = prepared.run(clients, "webhook+owner", OWNER_WRITES)
+            with policy_only(admin, namespace, token, HOLDERS):
+                verdicts["policy+owner"] = prepared.run(clients, "policy+owner", OWNER_WRITES)
+            timings["owner runs"] = time.monotonic() - began
+            # Latency: both twins registered at once, each for its own namespace.
+            spaces = {
+                tag: cluster.create_namespace(
+                    f"lat-{tag}-{token}", labels={LABEL: f"{tag}-{token}"}
+                )
+                for tag in ("none", "webhook", "policy")
+            }
+            with (
+                webhook_only(admin, spaces["webhook"], f"webhook-{token}", tmp_path),
+                policy_only(admin, spaces["policy"], f"policy-{token}"),
+            ):
+                latency = update_latency(admin, spaces)
     finally:
         for api in clients.values():
             api.close()  # type: ignore[no-untyped-call]
@@ -367,6 +419,15 @@ def test_the_policy_gives_the_webhooks_verdicts(
         if a != b
     ]
     assert not mismatches, f"{len(mismatches)} verdicts differ:\n" + "\n".join(mismatches[:25])
+    owned = zip(writes[:OWNER_WRITES], *(verdicts[run] for run in OWNER_RUNS), strict=True)
+    owner_mismatches = [
+        f"{w.describe()}: webhook {a!r}, policy {b!r}" for w, a, b in owned if a != b
+    ]
+    assert not owner_mismatches, f"{len(owner_mismatches)} differ with hold-owner-only:\n" + (
+        "\n".join(owner_mismatches[:25])
+    )
+    for run in OWNER_RUNS:
+        assert Counter(verdicts[run])[str(RuleId.HOLD_OWNER_ONLY)] >= 10, run
     # Every rule refuses something in both runs: removing one from either twin fails here.
     for run in RUNS:
         seen = Counter(verdicts[run])
