@@ -1,10 +1,12 @@
 """Operator sub-commands over the adapter.
 
 ``holdwarden hold|release|open|status NAMESPACE/NAME [--instance N] [--timeout 30s]
-[--reason TEXT] [--config FILE] [--kubeconfig PATH]`` and ``holdwarden preflight
-[--namespace NS]``. Exit codes: 0 success; 2 usage or configuration error; otherwise the
-adapter error's ``exit_code`` (3 rejected, 4 stale hold, 5 not found, 6 unsupported,
-7 pods remain, 8 conflict, 9 unreachable: nothing was sent, 1 any other API error).
+[--reason TEXT] [--preflight] [--config FILE] [--kubeconfig PATH]`` (hold and release check
+only the right to update the held object, one access review, unless ``--preflight``) and
+``holdwarden preflight [--namespace NS]``. Exit codes: 0 success; 2 usage or configuration
+error; otherwise the adapter error's ``exit_code`` (3 rejected, 4 stale hold, 5 not found,
+6 unsupported, 7 pods remain, 8 conflict, 9 unreachable: nothing was sent, 1 any other API
+error).
 ``preflight`` exits 6 when Hold is unsupported.
 """
 
@@ -14,7 +16,7 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from adapter.errors import AdapterError, Unsupported
 from adapter.kube import Adapter
@@ -70,6 +72,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         p.add_argument("ref", type=_ref, metavar="NAMESPACE/NAME", help="the TrainJob")
         if name in ("hold", "release"):
             p.add_argument("--instance", type=_instance, required=True, metavar="N")
+            p.add_argument(
+                "--preflight",
+                action="store_true",
+                help="run the full preflight first (dry-run creates: needs create rights); "
+                "default: one access review of the right to update the held object",
+            )
         if name != "status":
             p.add_argument(
                 "--timeout",
@@ -96,10 +104,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _adapter(args: argparse.Namespace) -> Adapter:
-    """Build the adapter; raises ConfigError (or the kube config loader's errors)."""
+    """Build the adapter; raises ConfigError (or the kube config loader's errors).
+
+    hold and release check only the right to update the held object (an access review)
+    unless ``--preflight``: an operator needs no create right just to hold, and the
+    dry-run creates cost two writes' worth of admission on every command."""
     config = Config.from_file(args.config) if args.config else Config()
     api = kubeclient.api_client(args.kubeconfig) if args.kubeconfig else None
-    return Adapter(config, api)
+    lazy: Literal["full", "access"] = "full" if getattr(args, "preflight", False) else "access"
+    try:
+        return Adapter(config, api, lazy_preflight=lazy)
+    finally:
+        if api is not None:
+            api.close()  # type: ignore[no-untyped-call]  # the adapter made its own copy
 
 
 def _setup(args: argparse.Namespace) -> Adapter | None:
@@ -151,6 +168,8 @@ def _run_call(args: argparse.Namespace) -> int:
     except AdapterError as exc:
         print(f"holdwarden {call}: {exc.classification}: {exc}", file=sys.stderr)
         return exc.exit_code
+    finally:
+        adapter.close()
 
 
 def _print_preflight(result: PreflightResult, as_json: bool) -> None:
@@ -178,5 +197,7 @@ def _run_preflight(args: argparse.Namespace) -> int:
     except AdapterError as exc:
         print(f"holdwarden preflight: {exc.classification}: {exc}", file=sys.stderr)
         return exc.exit_code
+    finally:
+        adapter.close()
     _print_preflight(result, args.json)
     return 0 if result.hold_supported else Unsupported.exit_code

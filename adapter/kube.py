@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import urllib3
 from kubernetes import client as k8s
@@ -130,8 +130,12 @@ class Adapter:
     use it to interleave other writers or move the clock between a read and a write).
 
     Preflight runs lazily, once per namespace, on the first Hold or Release there (bounded
-    by that call's deadline) and is cached; ``preflight(ns)`` runs it again and replaces the
-    cached result. Thread-safe for concurrent calls.
+    by that call's deadline), after that call's first read (so the call's own errors, e.g.
+    a missing TrainJob, come first), and is cached per adapter; ``preflight(ns)`` runs it
+    again and replaces the cached result, ``forget_preflight()`` drops it.
+    ``lazy_preflight``: ``"full"`` (default) probes as ``preflight()`` does, including the
+    dry-run creates; ``"access"`` asks only SelfSubjectAccessReviews (no ``create`` right
+    needed: what the CLI's hold and release use). Thread-safe for concurrent calls.
     """
 
     def __init__(
@@ -141,7 +145,11 @@ class Adapter:
         *,
         clock: Clock | None = None,
         before_request: RequestHook | None = None,
+        lazy_preflight: Literal["full", "access"] = "full",
     ) -> None:
+        if lazy_preflight not in ("full", "access"):
+            raise ValueError(f"lazy_preflight must be 'full' or 'access', got {lazy_preflight!r}")
+        self.lazy_preflight = lazy_preflight
         self.config = config
         self.mode: Mode = config.mode
         self.annotations = Annotations(config.annotation_prefix)
@@ -262,12 +270,13 @@ class Adapter:
         instance = self._instance(meta)
         if not isinstance(reason, str) or len(reason) > decisions.MAX_REASON_LENGTH:
             raise Invalid(f"reason must be text of at most {decisions.MAX_REASON_LENGTH} chars")
-        self._require_hold(ref.namespace, deadline)
         what = f"hold {ref} instance {instance}"
+        first: Obj | None = self._first_read(ref, deadline, what)
         last_seen: str | None = None
         after_conflict = False
         for _ in range(1 + MAX_RETRIES):
-            held = self._read_held(ref, deadline, what)
+            held = first if first is not None else self._read_held(ref, deadline, what)
+            first = None
             decision = decisions.decide_hold(
                 held,
                 mode=self.mode,
@@ -294,10 +303,11 @@ class Adapter:
         """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force."""
         deadline = self._deadline(meta)
         instance = self._instance(meta)
-        self._require_hold(ref.namespace, deadline)
         what = f"release {ref} instance {instance}"
+        first: Obj | None = self._first_read(ref, deadline, what)
         for _ in range(1 + MAX_RETRIES):
-            held = self._read_held(ref, deadline, what)
+            held = first if first is not None else self._read_held(ref, deadline, what)
+            first = None
             pods_remain: bool | None = None
             in_force = objects.hold_instance(held, self.annotations) == instance
             if (
@@ -340,11 +350,25 @@ class Adapter:
             pods_error=pods_error,
         )
 
-    def preflight(self, namespace: str = "default") -> PreflightResult:
-        """Probe what the adapter can do in ``namespace`` and cache it for Hold/Release."""
+    def preflight(self, namespace: str = "default", *, refresh: bool = True) -> PreflightResult:
+        """Probe what the adapter can do in ``namespace`` (every probe, dry-run creates
+        included) and cache it for Hold/Release. ``refresh=False`` returns the cached result
+        when there is one (which may come from the lighter lazy check)."""
+        if not refresh:
+            cached = self._preflights.get(namespace)
+            if cached is not None:
+                return cached
         result = self._run_preflight(namespace, None)
         self._preflights[namespace] = result
         return result
+
+    def forget_preflight(self, namespace: str | None = None) -> None:
+        """Drop the cached preflight of ``namespace`` (every namespace when None): the next
+        Hold or Release there probes again (e.g. after RBAC or the enforcer changed)."""
+        if namespace is None:
+            self._preflights.clear()
+        else:
+            self._preflights.pop(namespace, None)
 
     # ---- hold-family helpers ---------------------------------------------------------
 
@@ -372,13 +396,45 @@ class Adapter:
         except ValueError as exc:
             raise Invalid(str(exc)) from exc
 
-    def _require_hold(self, namespace: str, deadline: datetime) -> None:
+    def _first_read(self, ref: Ref, deadline: datetime, what: str) -> Obj | None:
+        """A Hold's or Release's first read, then the capability check (cached preflight).
+
+        The call's own errors come first: a missing TrainJob is NotFound, one without a
+        Workload is Rejected, whatever preflight would say. A read the API server refused
+        (403) is reported as Unsupported when preflight says Hold is not available here
+        (that reason names the missing right), else as the refusal. Returns the object
+        read, or None when preflight ran just now (it took time: the loop reads again, so
+        the decision is made on a fresh read).
+        """
+        read_error: AdapterError | None = None
+        held: Obj | None = None
+        try:
+            held = self._read_held(ref, deadline, what)
+        except Rejected as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, k8s.ApiException) and cause.status == 403):
+                raise
+            read_error = exc
+        if self._require_hold(ref.namespace, deadline):
+            held = None
+        if read_error is not None:
+            raise read_error
+        return held
+
+    def _require_hold(self, namespace: str, deadline: datetime) -> bool:
+        """Raise Unsupported unless Hold is available in ``namespace``; True when the
+        (lazy) preflight had to run for it now."""
         result = self._preflights.get(namespace)
+        ran = result is None
         if result is None:
-            result = self._run_preflight(namespace, deadline)
+            if self.lazy_preflight == "access":
+                result = self._run_access_preflight(namespace, deadline)
+            else:
+                result = self._run_preflight(namespace, deadline)
             self._preflights[namespace] = result
         if not result.hold_supported:
             raise Unsupported(result.hold_unsupported_reason or "unknown")
+        return ran
 
     def _settle(self, decision: Decision, what: str) -> None:
         """Turn a decision that writes nothing into a return or the matching error."""
@@ -652,6 +708,25 @@ class Adapter:
             list_pods=self._probe_access(namespace, "list", "", "pods", deadline),
             enforcer_installed=self._probe_enforcer(namespace, deadline, runtime_ref),
             extra=extra,
+        )
+
+    def _run_access_preflight(self, namespace: str, deadline: datetime) -> PreflightResult:
+        """The light check: SelfSubjectAccessReviews only, no dry-run create (so no create
+        right is needed). The round trip is not probed; it stands for the right to update
+        the held resource, which is what the Hold's own write needs: one review."""
+        not_probed = "not probed (access reviews only; run `holdwarden preflight`)"
+        resource = self._held_resource
+        held = self._probe_access(namespace, "update", resource.group, resource.plural, deadline)
+        other = Capability(False, not_probed)
+        workloads, trainjobs = (held, other) if resource is WORKLOAD else (other, held)
+        return PreflightResult(
+            mode=self.mode,
+            namespace=namespace,
+            hold_round_trip=Capability(held.supported, f"{not_probed}; {held.reason}"),
+            update_workloads=workloads,
+            update_trainjobs=trainjobs,
+            list_pods=Capability(False, not_probed),
+            enforcer_installed=Capability(False, not_probed),
         )
 
     def _list(

@@ -10,14 +10,16 @@ import socket
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
 from adapter import Adapter, Config, Ref, State
-from adapter.errors import AdapterError, Invalid, Rejected, Unreachable
+from adapter.errors import AdapterError, Invalid, NotFound, Rejected, Unreachable, Unsupported
 from adapter.kube import FIELD_MANAGER, Request
+from holdwarden.cli import main
 from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB
 from tests.test_adapter_kube import A as KEYS
@@ -205,3 +207,117 @@ def test_close_and_context_manager_leave_the_callers_client_working(
     k8s.CustomObjectsApi(supervisor_client).get_namespaced_custom_object(
         TRAINJOB.group, TRAINJOB.version, kc.ns, TRAINJOB.plural, "job"
     )
+
+
+# ==== preflight: cached, refreshable, light in the CLI, after the call's own errors ====
+
+
+def _operator(admin: k8s.ApiClient, ns: str, verbs: list[str], name: str = "operator") -> str:
+    """A user with ``verbs`` on TrainJobs in ``ns`` and nothing else (no create)."""
+    user = f"{name}-{ns}"
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    rule = {"apiGroups": [TRAINJOB.group], "resources": [TRAINJOB.plural], "verbs": verbs}
+    role: Any = {"metadata": {"name": name}, "rules": [rule]}
+    rbac.create_namespaced_role(ns, role)
+    binding: Any = {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    rbac.create_namespaced_role_binding(ns, binding)
+    return user
+
+
+def test_a_missing_trainjob_is_not_found_even_where_hold_is_unsupported(
+    cluster: LocalCluster, admin_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """Before: the lazy preflight ran first, so a missing TrainJob was reported Unsupported
+    (the round trip needs create, which this operator lacks)."""
+    user = _operator(admin_client, kc.ns, ["get", "update"])
+    kc.create_trainjob("job")
+    with cluster.api_client(user) as api, make(cluster, api, "plain") as adapter:
+        with pytest.raises(NotFound):
+            adapter.hold(Ref(kc.ns, "nope"), meta(1), "r")
+        with pytest.raises(NotFound):
+            adapter.release(Ref(kc.ns, "nope"), meta(1))
+        with pytest.raises(Unsupported, match="hold round trip failed"):
+            adapter.hold(Ref(kc.ns, "job"), meta(1), "r")
+    assert hold_annotations(kc.trainjob("job")) == {}
+
+
+def test_access_preflight_needs_no_create_right_and_sends_no_dry_run(
+    cluster: LocalCluster, admin_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    user = _operator(admin_client, kc.ns, ["get", "update"])
+    kc.create_trainjob("job")
+    ref = Ref(kc.ns, "job")
+    with cluster.api_client(user) as api, make(cluster, api, "plain", lazy_preflight="access") as a:
+        a.hold(ref, meta(1), "r")
+        a.release(ref, meta(1))
+        verbs = [r.verb for r in a.request_log]
+    assert "dry-run-create" not in verbs and verbs.count("access-review") == 1, verbs
+    assert hold_annotations(kc.trainjob("job")) == {}
+    # Without update, the light check says Unsupported, naming the missing right.
+    reader = _operator(admin_client, kc.ns, ["get"], name="reader")
+    with (
+        cluster.api_client(reader) as api,
+        make(cluster, api, "plain", lazy_preflight="access") as a,
+    ):
+        with pytest.raises(Unsupported, match="may not update trainjobs"):
+            a.hold(ref, meta(2), "r")
+        assert [r.verb for r in a.request_log] == ["get", "access-review"]
+
+
+def test_preflight_is_cached_per_adapter_and_refreshable(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    kc.create_trainjob("job")
+    ref = Ref(kc.ns, "job")
+    with make(cluster, supervisor_client, "plain") as adapter:
+
+        def dry_runs() -> int:
+            return sum(1 for r in adapter.request_log if r.verb == "dry-run-create")
+
+        adapter.hold(ref, meta(1), "r")
+        first = dry_runs()
+        assert first == 2  # the lazy preflight: round trip + enforcer probe
+        cached = adapter.preflight(kc.ns, refresh=False)
+        adapter.release(ref, meta(1))
+        assert dry_runs() == first  # cached: no probe again
+        assert adapter.preflight(kc.ns, refresh=False) is cached
+        fresh = adapter.preflight(kc.ns)  # refresh (the default)
+        assert fresh is not cached and dry_runs() == 2 * first
+        adapter.forget_preflight(kc.ns)
+        adapter.hold(ref, meta(2), "r")
+        assert dry_runs() == 3 * first  # forgotten: probed again by the next Hold
+
+
+def test_cli_hold_and_release_run_no_dry_run_create_unless_asked(
+    capsys: pytest.CaptureFixture[str],
+    cluster: LocalCluster,
+    kc: Cluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: every CLI hold ran the full preflight (2 dry-run creates, 3 reviews)."""
+    sent: list[str] = []
+    original = Adapter._send
+
+    def recording(self: Adapter, req: Request, *args: Any, **kwargs: Any) -> Any:
+        sent.append(req.verb)
+        return original(self, req, *args, **kwargs)
+
+    monkeypatch.setattr(Adapter, "_send", recording)
+    config = tmp_path / "holdwarden.yaml"
+    config.write_text("mode: plain\nholder: operator\n")
+    kc.create_trainjob("job")
+    common = ["--kubeconfig", str(cluster.kubeconfig_path), "--config", str(config)]
+    ref = f"{kc.ns}/job"
+    assert main(["hold", ref, "--instance", "1", *common]) == 0
+    assert main(["release", ref, "--instance", "1", *common]) == 0
+    assert "dry-run-create" not in sent and sent.count("access-review") == 2, sent
+    assert main(["hold", f"{kc.ns}/nope", "--instance", "1", *common]) == NotFound.exit_code
+    sent.clear()
+    assert main(["hold", ref, "--instance", "2", "--preflight", *common]) == 0
+    assert sent.count("dry-run-create") == 2, sent
+    capsys.readouterr()
