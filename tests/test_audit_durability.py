@@ -66,7 +66,10 @@ def start_serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, int, Path
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and proc.poll() is None:
         for line in log_path.read_text().splitlines():
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line still being written (or not ours): look again next time
             if entry.get("msg") == "serving":
                 port = int(entry["listen"].rpartition(":")[2])
                 metrics_port = int(entry["metrics"].rpartition(":")[2])
