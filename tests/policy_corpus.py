@@ -53,7 +53,14 @@ OLD_HOLDS: tuple[tuple[str, str | None, bool], ...] = (
     ("partial", None, True),  # hold-reason/held-at/held-by without hold-instance
     ("bare", "5", False),  # hold-instance alone
 )
-WRITERS = {"alice": "alice", "kueue": KUEUE_IDENTITY, "supervisor": SUPERVISOR_IDENTITY}
+# name -> (user, extra group). "alice+kueue-group" is the editor with Kueue's identity as a
+# group: kueue.identities match usernames or groups, in both twins.
+WRITERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "alice": ("alice", ()),
+    "alice+kueue-group": ("alice", (KUEUE_IDENTITY,)),
+    "kueue": (KUEUE_IDENTITY, ()),
+    "supervisor": (SUPERVISOR_IDENTITY, ()),
+}
 ABSENT = "absent"
 
 
@@ -134,7 +141,7 @@ def _writers(kind: str, operation: str, method: str) -> list[str]:
         return ["alice", "supervisor"] if operation == "CREATE" else list(WRITERS)
     if method in ("update", "create"):
         return list(WRITERS)
-    return ["alice", "kueue"]  # the supervisor may not patch Workloads
+    return ["alice", "alice+kueue-group", "kueue"]  # the supervisor may not patch Workloads
 
 
 def _new_annotations(rng: random.Random, old: dict[str, str]) -> dict[str, str]:

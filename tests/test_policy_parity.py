@@ -382,7 +382,9 @@ def test_the_policy_gives_the_webhooks_verdicts(
     writes = corpus.generate()
     assert len(writes) >= 2000
     timings: dict[str, float] = {}
-    clients = {who: cluster.api_client(user) for who, user in corpus.WRITERS.items()}
+    clients = {
+        who: cluster.api_client(user, groups) for who, (user, groups) in corpus.WRITERS.items()
+    }
     try:
         with cluster.api_client() as admin:
             began = time.monotonic()
