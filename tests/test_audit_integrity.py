@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.audit_helpers import assert_whole_lines, eventually, fill, record, small_tmpfs
-from webhook.audit import AuditWriter, read_audit, rotated_path
+from webhook.audit import AuditWriter, encode_line, read_audit, rotated_path
 
 BUDGET = 30.0  # seconds for any one test
 
@@ -185,3 +185,30 @@ async def test_replaced_file_is_followed(tmp_path: Path) -> None:
             assert [json.loads(x)["uid"] for x in path.read_bytes().splitlines()] == ["two"]
         finally:
             await writer.aclose()
+
+
+async def test_a_reopen_that_fails_recovers_by_itself(tmp_path: Path) -> None:
+    # SIGHUP after a rotation onto a full disk, with a torn tail at the new path that no
+    # newline can end: the writer is unready, and must become ready again once space comes
+    # back, with no refusal to write (an unready replica gets none).
+    async with asyncio.timeout(BUDGET):
+        with small_tmpfs(tmp_path / "small") as small:
+            path = small / "audit.jsonl"
+            writer = AuditWriter(path, probe_interval=0.05)
+            writer.open()
+            try:
+                await writer.append(record("one"))
+                os.rename(path, rotated_path(path, 1))
+                path.write_bytes(b'{"uid":"torn' + b"x" * (4096 - 12))
+                filler = fill(small, leave=0)
+                writer.reopen()
+                await eventually(lambda: not writer.writable, 10)
+                filler.unlink()
+                await eventually(lambda: writer.writable, 10, lambda: str(writer.last_error))
+                await writer.append(record("two"))
+                result = read_audit(path)
+                assert [r["uid"] for r in result.records] == ["one", "two"]
+                assert result.skipped == 1  # the torn tail, ended, never glued
+                assert path.read_bytes().endswith(b'x\n' + encode_line(record("two")))
+            finally:
+                await writer.aclose()

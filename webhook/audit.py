@@ -342,16 +342,20 @@ class AuditWriter:
                 self._start_probe()
 
     def reopen(self) -> None:
-        """Ask for the file to be reopened at its path before the next write (SIGHUP).
+        """Reopen the file at its path (SIGHUP), on the writer thread, after any batch in
+        progress; a batch that comes first reopens it itself.
 
-        Safe to call from a signal handler on the event loop: it only sets a flag and, when
-        the writer is idle, hands the reopen to the writer thread.
+        Call it on the event loop (a handler from ``loop.add_signal_handler`` is): it only
+        sets a flag and hands the reopen to the writer thread.
         """
         self._reopen_asked = True
-        if self._executor is not None:
-            # Now, not at the next refusal, so the old file is let go at once; the one
-            # writer thread runs it after any batch in progress.
-            asyncio.get_running_loop().run_in_executor(self._executor, self._reopen_now)
+        if self._executor is None:
+            return
+        # Now, not at the next refusal, so the old file is let go at once.
+        done = asyncio.get_running_loop().run_in_executor(self._executor, self._reopen_now)
+        # A reopen can fail (e.g. the new file's torn tail cannot be ended on a full disk);
+        # then only the probe can make the writer writable again.
+        done.add_done_callback(lambda _: None if self.writable else self._start_probe())
 
     def _reopen_now(self) -> None:
         try:
