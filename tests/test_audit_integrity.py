@@ -209,6 +209,6 @@ async def test_a_reopen_that_fails_recovers_by_itself(tmp_path: Path) -> None:
                 result = read_audit(path)
                 assert [r["uid"] for r in result.records] == ["one", "two"]
                 assert result.skipped == 1  # the torn tail, ended, never glued
-                assert path.read_bytes().endswith(b'x\n' + encode_line(record("two")))
+                assert path.read_bytes().endswith(b"x\n" + encode_line(record("two")))
             finally:
                 await writer.aclose()
