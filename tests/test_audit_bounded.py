@@ -7,6 +7,7 @@ cut is named in ``truncated``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from webhook.samples import review, trainjob
 from webhook.server import build_app
 
 MB = 1024 * 1024
+BUDGET = 60.0  # seconds for any one async test
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
@@ -43,65 +45,69 @@ def sha256(data: bytes) -> str:
 
 
 async def test_a_3mb_forged_review_writes_a_small_line(aiohttp_client: Any, tmp_path: Path) -> None:
-    audit = AuditWriter(tmp_path / "audit.jsonl", fsync=False)
-    audit.open()
-    client = await aiohttp_client(build_app(Config(), audit, Metrics()))
-    old = trainjob(suspend=True, instance="5")
-    new = trainjob(suspend=False, instance="5")
-    # Bulk a real apiserver would never send: a huge user, groups, name and object padding.
-    new["metadata"]["managedFields"] = [{"manager": "x" * 1000}] * 1200
-    req = review(
-        old=old,
-        new=new,
-        user="system:serviceaccount:kueue-system:kueue-controller-manager" + "k" * 600_000,
-        groups=["g" * 1000] * 500,
-        name="n" * 100_000,
-        uid="u" * 50_000,
-    )
-    body = json.dumps(req).encode()
-    assert 2 * MB < len(body) < 3 * MB
-    response = await client.post("/validate", data=body)
-    assert response.status == 200
-    assert (await response.json())["response"]["allowed"] is False  # still refused
-    await audit.aclose()
+    async with asyncio.timeout(BUDGET):
+        audit = AuditWriter(tmp_path / "audit.jsonl", fsync=False)
+        audit.open()
+        client = await aiohttp_client(build_app(Config(), audit, Metrics()))
+        old = trainjob(suspend=True, instance="5")
+        new = trainjob(suspend=False, instance="5")
+        # Bulk a real apiserver would never send: a huge user, groups, name and object padding.
+        new["metadata"]["managedFields"] = [{"manager": "x" * 1000}] * 1200
+        req = review(
+            old=old,
+            new=new,
+            user="system:serviceaccount:kueue-system:kueue-controller-manager" + "k" * 600_000,
+            groups=["g" * 1000] * 500,
+            name="n" * 100_000,
+            uid="u" * 50_000,
+        )
+        body = json.dumps(req).encode()
+        assert 2 * MB < len(body) < 3 * MB
+        response = await client.post("/validate", data=body)
+        assert response.status == 200
+        assert (await response.json())["response"]["allowed"] is False  # still refused
+        await audit.aclose()
 
-    raw = (tmp_path / "audit.jsonl").read_bytes()
-    assert raw.count(b"\n") == 1 and len(raw) <= MAX_LINE_BYTES, len(raw)
-    line = json.loads(raw)
-    assert line["rule"] == "held-trainjob-suspended"
-    assert line["user"].startswith("system:serviceaccount:kueue-system:kueue-controller-manager")
-    assert len(line["user"]) <= FIELD_LIMITS["user"]
-    assert line["truncated"] == {
-        "uid": 50_000,
-        "user": len(req["request"]["userInfo"]["username"]),
-        "groups": 500,
-        "name": 100_000,
-        "message": line["truncated"]["message"],
-    }
-    assert len(line["groups"]) == 16
-    # Digests, not objects: each equals the SHA-256 of the object as the body carried it.
-    assert line["requestBytes"] == len(body)
-    assert line["oldObjectSha256"] == sha256(json.dumps(old).encode())
-    assert line["objectSha256"] == sha256(json.dumps(new).encode())
-    assert "managedFields" not in raw.decode()
-    assert (line["kind"], line["apiGroup"]) == ("TrainJob", "trainer.kubeflow.org")
-    assert (line["oldSuspend"], line["newSuspend"]) == (True, False)
+        raw = (tmp_path / "audit.jsonl").read_bytes()
+        assert raw.count(b"\n") == 1 and len(raw) <= MAX_LINE_BYTES, len(raw)
+        line = json.loads(raw)
+        assert line["rule"] == "held-trainjob-suspended"
+        assert line["user"].startswith(
+            "system:serviceaccount:kueue-system:kueue-controller-manager"
+        )
+        assert len(line["user"]) <= FIELD_LIMITS["user"]
+        assert line["truncated"] == {
+            "uid": 50_000,
+            "user": len(req["request"]["userInfo"]["username"]),
+            "groups": 500,
+            "name": 100_000,
+            "message": line["truncated"]["message"],
+        }
+        assert len(line["groups"]) == 16
+        # Digests, not objects: each equals the SHA-256 of the object as the body carried it.
+        assert line["requestBytes"] == len(body)
+        assert line["oldObjectSha256"] == sha256(json.dumps(old).encode())
+        assert line["objectSha256"] == sha256(json.dumps(new).encode())
+        assert "managedFields" not in raw.decode()
+        assert (line["kind"], line["apiGroup"]) == ("TrainJob", "trainer.kubeflow.org")
+        assert (line["oldSuspend"], line["newSuspend"]) == (True, False)
 
 
 async def test_malformed_huge_instance_is_capped(aiohttp_client: Any, tmp_path: Path) -> None:
-    audit = AuditWriter(tmp_path / "audit.jsonl", fsync=False)
-    audit.open()
-    client = await aiohttp_client(build_app(Config(), audit, Metrics()))
-    req = review(old=trainjob(suspend=True), new=trainjob(suspend=True, instance="9" * MB))
-    response = await client.post("/validate", data=json.dumps(req).encode())
-    assert (await response.json())["response"]["allowed"] is False
-    await audit.aclose()
-    raw = (tmp_path / "audit.jsonl").read_bytes()
-    assert len(raw) <= MAX_LINE_BYTES
-    line = json.loads(raw)
-    assert line["rule"] == "hold-instance-malformed"
-    assert line["instance"] == "9" * FIELD_LIMITS["instance"]
-    assert line["truncated"]["instance"] == MB
+    async with asyncio.timeout(BUDGET):
+        audit = AuditWriter(tmp_path / "audit.jsonl", fsync=False)
+        audit.open()
+        client = await aiohttp_client(build_app(Config(), audit, Metrics()))
+        req = review(old=trainjob(suspend=True), new=trainjob(suspend=True, instance="9" * MB))
+        response = await client.post("/validate", data=json.dumps(req).encode())
+        assert (await response.json())["response"]["allowed"] is False
+        await audit.aclose()
+        raw = (tmp_path / "audit.jsonl").read_bytes()
+        assert len(raw) <= MAX_LINE_BYTES
+        line = json.loads(raw)
+        assert line["rule"] == "hold-instance-malformed"
+        assert line["instance"] == "9" * FIELD_LIMITS["instance"]
+        assert line["truncated"]["instance"] == MB
 
 
 def test_create_has_no_old_digest() -> None:
@@ -195,21 +201,26 @@ def test_a_record_not_made_by_audit_record_is_still_bounded() -> None:
 
 
 async def test_audit_reads_bounded_and_old_lines_together(tmp_path: Path) -> None:
-    path = tmp_path / "audit.jsonl"
-    old_style = {
-        "time": "2026-12-02T11:00:00Z",
-        "uid": "old",
-        "rule": "kueue-owns-suspend",
-        "message": "whole message",
-        "user": "bob",
-        "namespace": "ns",
-        "name": "job",
-    }
-    path.write_bytes(encode_line(old_style))
-    writer = AuditWriter(path, fsync=False)
-    writer.open()
-    req = review(old=trainjob(suspend=True, instance="2"), new=trainjob(instance="2"), uid="new")
-    await writer.append(audit_record(_review_of(req), _violation(), NOW, json.dumps(req).encode()))
-    await writer.aclose()
-    assert [r["uid"] for r in read_audit(path, namespace="ns").records] == ["old", "new"]
-    assert [r["uid"] for r in read_audit(path, user="bob").records] == ["old"]
+    async with asyncio.timeout(BUDGET):
+        path = tmp_path / "audit.jsonl"
+        old_style = {
+            "time": "2026-12-02T11:00:00Z",
+            "uid": "old",
+            "rule": "kueue-owns-suspend",
+            "message": "whole message",
+            "user": "bob",
+            "namespace": "ns",
+            "name": "job",
+        }
+        path.write_bytes(encode_line(old_style))
+        writer = AuditWriter(path, fsync=False)
+        writer.open()
+        req = review(
+            old=trainjob(suspend=True, instance="2"), new=trainjob(instance="2"), uid="new"
+        )
+        await writer.append(
+            audit_record(_review_of(req), _violation(), NOW, json.dumps(req).encode())
+        )
+        await writer.aclose()
+        assert [r["uid"] for r in read_audit(path, namespace="ns").records] == ["old", "new"]
+        assert [r["uid"] for r in read_audit(path, user="bob").records] == ["old"]
