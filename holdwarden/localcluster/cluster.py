@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from cryptography.hazmat.primitives import serialization
@@ -45,6 +45,9 @@ from certs.generate import KeyPair, generate_ca, generate_client, generate_servi
 from holdwarden.localcluster.binaries import Binaries, ensure_binaries
 from holdwarden.localcluster.rbac import IDENTITY_RBAC
 from holdwarden.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
+
+if TYPE_CHECKING:
+    from holdwarden.localcluster.controllers import RealControllers
 
 REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
@@ -112,8 +115,12 @@ class LocalCluster:
         workdir: Path | None = None,
         crd_dir: Path | None = None,
         binaries: Binaries | None = None,
+        controllers: Sequence[str] = (),
     ) -> None:
         self._requested_workdir = workdir
+        # Real controllers to run after start-up (holdwarden/localcluster/controllers.py).
+        self._controller_names = tuple(controllers)
+        self.controllers: RealControllers | None = None
         self._crd_dir = crd_dir
         self._binaries = binaries
         self._workdir: Path | None = None
@@ -176,6 +183,8 @@ class LocalCluster:
             self._phase("ready", self._wait_ready)
             self._phase("crds", lambda: self._install_crds(crd_dir))
             self._phase("rbac", self._install_rbac)
+            if self._controller_names:
+                self._phase("controllers", self._start_controllers)
         except BaseException:
             self.stop()
             raise
@@ -276,10 +285,18 @@ class LocalCluster:
             path.write_bytes(data)
             path.chmod(0o600)
 
-    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+    def _start_controllers(self) -> None:
+        from holdwarden.localcluster.controllers import start_controllers
+
+        self.controllers = start_controllers(self, self._controller_names)
+
+    def _spawn(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("wb")
         process = subprocess.Popen(
             command,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
