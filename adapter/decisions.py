@@ -107,12 +107,19 @@ def release_would_unsuspend(trainjob: Obj, annotations: Annotations) -> bool:
 
 
 def _copy_with_annotations(obj: Obj) -> tuple[Obj, dict[str, Any]]:
-    body = copy.deepcopy(obj)
-    meta = body.setdefault("metadata", {})
+    """The body to decide into: new ``metadata``, ``metadata.annotations`` and ``spec``
+    dicts, everything else shared with ``obj``.
+
+    Invariant: decisions write only annotations and top-level ``spec`` fields, so the read
+    object is never modified, and copying status and managedFields (most of an object)
+    would be work done between the read and the write for nothing.
+    """
+    body = dict(obj)
+    meta = body["metadata"] = dict(body.get("metadata") or {})
     ann = meta.get("annotations")
-    if not isinstance(ann, dict):
-        ann = {}
-        meta["annotations"] = ann
+    ann = meta["annotations"] = dict(ann) if isinstance(ann, dict) else {}
+    if isinstance(body.get("spec"), dict):
+        body["spec"] = dict(body["spec"])
     return body, ann
 
 

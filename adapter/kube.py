@@ -3,8 +3,10 @@
 Everything that decides lives in ``adapter.decisions``; this module reads, asks a decision,
 and writes what it was told, with these invariants:
 
-- Every write is a PUT (replace) of the object as read, modified, still carrying the read's
-  ``metadata.resourceVersion``: the API server refuses it (409) if anything changed since.
+- Every write is a merge PATCH of only what the decision changed (``adapter.patches``,
+  computed with jsonpatch from the object as read to the object as decided), carrying the
+  read's ``metadata.resourceVersion``: the API server refuses it (409) if anything changed
+  since, exactly as it would a PUT of the object as read.
 - For a hold-family call, the deadline is checked immediately before every request (a
   passed deadline → ``Rejected``, nothing sent) and bounds the request's timeout:
   ``min(deadline - now, timeouts.apiserverRequest)``. The adapter sends through its own
@@ -30,10 +32,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+import msgspec
 import urllib3
 from kubernetes import client as k8s
 
-from adapter import decisions
+from adapter import decisions, patches
 from adapter.decisions import Decision, Obj, Outcome
 from adapter.errors import (
     AdapterError,
@@ -69,6 +72,9 @@ from holdwarden.vocabulary import (
 )
 
 MAX_RETRIES = 8
+# Every write is a merge PATCH (adapter/patches.py), so ``patch`` is the RBAC verb the
+# supervisor needs on the held resource (and on TrainJobs for Open); preflight asks for it.
+WRITE_VERB = "patch"
 CALL_BOUND_MARGIN = timedelta(seconds=5)
 FIELD_MANAGER = "holdwarden-adapter"
 START_POLL_INTERVAL_S = 0.1
@@ -258,7 +264,7 @@ class Adapter:
                 self._settle(decision, f"open {ref}")
                 return
             try:
-                self._put(TRAINJOB, decision, deadline, f"open {ref}")
+                self._put(TRAINJOB, trainjob, decision, deadline, f"open {ref}")
                 return
             except _ConflictError:
                 continue
@@ -292,7 +298,7 @@ class Adapter:
                 self._settle(decision, what)
                 return
             try:
-                self._put(self._held_resource, decision, deadline, what)
+                self._put(self._held_resource, held, decision, deadline, what)
                 return
             except _ConflictError:
                 last_seen = objects.hold_instance_text(held, self.annotations)
@@ -327,7 +333,7 @@ class Adapter:
                 self._settle(decision, what)
                 return
             try:
-                self._put(self._held_resource, decision, deadline, what)
+                self._put(self._held_resource, held, decision, deadline, what)
                 return
             except _ConflictError:
                 continue
@@ -576,6 +582,53 @@ class Adapter:
     def _coords(resource: Resource, namespace: str) -> tuple[str, str, str, str]:
         return (resource.group, resource.version, namespace, resource.plural)
 
+    @staticmethod
+    def _path(resource: Resource, namespace: str, name: str) -> str:
+        return (
+            f"/apis/{resource.group}/{resource.version}/namespaces/{namespace}"
+            f"/{resource.plural}/{name}"
+        )
+
+    def _raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Obj | None = None,
+        content_type: str | None = None,
+        decode: bool = True,
+        _request_timeout: float,
+    ) -> Obj | None:
+        """One request through the adapter's client, without the generated API layer.
+
+        Why: the read-to-write gap is what a busy node stretches (issue 11). The generated
+        methods validate every argument with pydantic and walk the whole body to serialize
+        it; here a read is one ``msgspec`` decode of the response bytes and a write's body
+        is the small merge patch. Authentication, default headers (impersonation) and the
+        transport are the client's own (``param_serialize`` / ``call_api``). A non-2xx
+        answer raises ``ApiException`` as the generated methods do.
+        """
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        request = self._api.param_serialize(
+            method,
+            path,
+            query_params=query,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(*request, _request_timeout=_request_timeout)
+        data = response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise k8s.ApiException(http_resp=response)
+        if not decode:
+            return None
+        decoded: Obj = msgspec.json.decode(data)
+        return decoded
+
     def _get(
         self,
         resource: Resource,
@@ -587,33 +640,35 @@ class Adapter:
         req = Request("get", resource.plural, namespace, name)
         try:
             obj: Obj = self._send(
-                req,
-                deadline,
-                self._custom.get_namespaced_custom_object,
-                *self._coords(resource, namespace),
-                name,
+                req, deadline, self._raw, "GET", self._path(resource, namespace, name)
             )
         except k8s.ApiException as exc:
             raise _error_for(exc, what or f"get {resource.kind} {namespace}/{name}") from exc
         return obj
 
-    def _put(self, resource: Resource, decision: Decision, deadline: datetime, what: str) -> Obj:
-        """PUT the decided body; its metadata.resourceVersion is the read's (precondition)."""
+    def _put(
+        self, resource: Resource, read: Obj, decision: Decision, deadline: datetime, what: str
+    ) -> None:
+        """Write the decision: the merge patch from ``read`` to the decided body, carrying
+        the read's metadata.resourceVersion (the precondition: 409 if the object moved on,
+        exactly as a PUT of the object as read would be). Sent as one PATCH; only the
+        changed fields travel (a few hundred bytes instead of the whole object)."""
         body = decision.body
         assert body is not None
-        meta = body["metadata"]
-        if not meta.get("resourceVersion"):
-            raise AssertionError("a write must carry the read's resourceVersion")
+        meta = read["metadata"]
+        patch = patches.write_patch(read, body)  # ValueError: no resourceVersion to keep
         req = Request("update", resource.plural, meta["namespace"], meta["name"])
         try:
-            result: Obj = self._send(
+            self._send(
                 req,
                 deadline,
-                self._custom.replace_namespaced_custom_object,
-                *self._coords(resource, meta["namespace"]),
-                meta["name"],
-                body,
-                field_manager=FIELD_MANAGER,
+                self._raw,
+                "PATCH",
+                self._path(resource, meta["namespace"], meta["name"]),
+                query=[("fieldManager", FIELD_MANAGER)],
+                body=patch,
+                content_type="application/merge-patch+json",
+                decode=False,  # nothing reads the answer: spare the decode
             )
         except k8s.ApiException as exc:
             if exc.status == 409:
@@ -621,7 +676,6 @@ class Adapter:
             if exc.status == 404 and resource is WORKLOAD:
                 self._forget_workload(meta["namespace"], meta["name"])
             raise _error_for(exc, what) from exc
-        return result
 
     def _send(
         self,
@@ -700,10 +754,10 @@ class Adapter:
             namespace=namespace,
             hold_round_trip=self._probe_round_trip(namespace, deadline, runtime_ref),
             update_workloads=self._probe_access(
-                namespace, "update", WORKLOAD.group, WORKLOAD.plural, deadline
+                namespace, WRITE_VERB, WORKLOAD.group, WORKLOAD.plural, deadline
             ),
             update_trainjobs=self._probe_access(
-                namespace, "update", TRAINJOB.group, TRAINJOB.plural, deadline
+                namespace, WRITE_VERB, TRAINJOB.group, TRAINJOB.plural, deadline
             ),
             list_pods=self._probe_access(namespace, "list", "", "pods", deadline),
             enforcer_installed=self._probe_enforcer(namespace, deadline, runtime_ref),
@@ -716,7 +770,7 @@ class Adapter:
         the held resource, which is what the Hold's own write needs: one review."""
         not_probed = "not probed (access reviews only; run `holdwarden preflight`)"
         resource = self._held_resource
-        held = self._probe_access(namespace, "update", resource.group, resource.plural, deadline)
+        held = self._probe_access(namespace, WRITE_VERB, resource.group, resource.plural, deadline)
         other = Capability(False, not_probed)
         workloads, trainjobs = (held, other) if resource is WORKLOAD else (other, held)
         return PreflightResult(

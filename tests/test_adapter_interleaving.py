@@ -137,7 +137,7 @@ class Call:
     offset: float  # seconds after the epoch starts
     lifetime: float  # deadline = issue time + lifetime (virtual seconds)
     delays: dict[str, float] = field(default_factory=dict)  # verb -> sleep before it
-    wire_delay: float = 0.0  # sleep on the wire before a PUT (after the deadline check)
+    wire_delay: float = 0.0  # sleep on the wire before a write (after the deadline check)
     block_at: str | None = None  # straggler: verb at which it blocks until let go
     deadline: datetime | None = None
     outcome: str = "not run"
@@ -189,14 +189,15 @@ class RecordingPool:
         call: Call | None = getattr(_local, "call", None)
         if call is not None and call.blocked_when_let_go:
             call.sent_after_let_go.append(f"{method} {url}")
-        if call is not None and method == "PUT" and call.wire_delay:
+        # The adapter's writes are merge PATCHes (adapter/patches.py); PUT kept for others.
+        if call is not None and method in ("PUT", "PATCH") and call.wire_delay:
             time.sleep(call.wire_delay)
         response = self._inner.request(method, url, *args, **kwargs)
         with self._recorder.lock:
             self._recorder.requests[method] += 1
             if response.status == 409:
                 self._recorder.requests["409"] += 1
-        if method in ("PUT", "POST") and "dryRun" not in url:
+        if method in ("PUT", "PATCH", "POST") and "dryRun" not in url:
             rv: int | None = None
             try:
                 body = json.loads(response.data)

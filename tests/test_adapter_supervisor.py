@@ -233,7 +233,7 @@ def test_a_missing_trainjob_is_not_found_even_where_hold_is_unsupported(
 ) -> None:
     """Before: the lazy preflight ran first, so a missing TrainJob was reported Unsupported
     (the round trip needs create, which this operator lacks)."""
-    user = _operator(admin_client, kc.ns, ["get", "update"])
+    user = _operator(admin_client, kc.ns, ["get", "patch"])
     kc.create_trainjob("job")
     with cluster.api_client(user) as api, make(cluster, api, "plain") as adapter:
         with pytest.raises(NotFound):
@@ -248,7 +248,7 @@ def test_a_missing_trainjob_is_not_found_even_where_hold_is_unsupported(
 def test_access_preflight_needs_no_create_right_and_sends_no_dry_run(
     cluster: LocalCluster, admin_client: k8s.ApiClient, kc: Cluster
 ) -> None:
-    user = _operator(admin_client, kc.ns, ["get", "update"])
+    user = _operator(admin_client, kc.ns, ["get", "patch"])
     kc.create_trainjob("job")
     ref = Ref(kc.ns, "job")
     with cluster.api_client(user) as api, make(cluster, api, "plain", lazy_preflight="access") as a:
@@ -263,7 +263,7 @@ def test_access_preflight_needs_no_create_right_and_sends_no_dry_run(
         cluster.api_client(reader) as api,
         make(cluster, api, "plain", lazy_preflight="access") as a,
     ):
-        with pytest.raises(Unsupported, match="may not update trainjobs"):
+        with pytest.raises(Unsupported, match="may not patch trainjobs"):
             a.hold(ref, meta(2), "r")
         assert [r.verb for r in a.request_log] == ["get", "access-review"]
 

@@ -79,8 +79,9 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
         "supervisor",
         (
             Rule((_TRAINER,), ("trainjobs",), _WRITE),
-            # create: preflight's hold round trip is a server-side dry-run create.
-            Rule((_KUEUE,), ("workloads",), ("get", "list", "watch", "create", "update")),
+            # create: preflight's hold round trip is a server-side dry-run create. patch:
+            # Hold and Release (a merge patch preconditioned on the resourceVersion).
+            Rule((_KUEUE,), ("workloads",), ("get", "list", "watch", "create", "update", "patch")),
             Rule(("",), ("pods",), _READ),
             # Preflight reads: the runtime a probe TrainJob names, and whether the
             # namespace's queues run the readmission gate.
