@@ -56,20 +56,25 @@ def test_kustomization_lists_exactly_the_manifest_files() -> None:
 
 def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system() -> None:
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding",
-                      "ValidatingWebhookConfiguration"}  # fmt: skip
+                      "ValidatingWebhookConfiguration", "PriorityClass"}  # fmt: skip
     kinds = sorted(doc["kind"] for _, doc in DOCS)
     assert kinds == sorted(
         [
             "Namespace",
             "ServiceAccount",
+            # Roles for the supervisor (2) and operators (2), bound by the user; the
+            # enforcer itself has none.
             "ClusterRole",
-            "ClusterRoleBinding",
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ConfigMap",
             "Deployment",
             "Service",
             "PodDisruptionBudget",
             "ValidatingWebhookConfiguration",
             "NetworkPolicy",
+            "PriorityClass",
         ]
     )
     for name, doc in DOCS:
@@ -185,18 +190,30 @@ def test_service_pdb_and_rbac_point_at_the_right_things() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert pdb["spec"]["minAvailable"] == 1
 
-    role = one("ClusterRole")
-    granted = {(r["apiGroups"][0], r["resources"][0]): r["verbs"] for r in role["rules"]}
-    assert granted == {
-        (TRAINJOB.group, TRAINJOB.plural): ["get", "list", "watch"],
-        (WORKLOAD.group, WORKLOAD.plural): ["get", "list", "watch"],
-    }
-    binding = one("ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    # The enforcer calls no API: no token in its Pod, no role bound to its account.
     account = one("ServiceAccount")
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
-    ]
+    assert account["automountServiceAccountToken"] is False
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert not [doc for _, doc in DOCS if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    roles = {doc["metadata"]["name"]: doc for _, doc in DOCS if doc["kind"] == "ClusterRole"}
+    assert set(roles) == {
+        "holdwarden-supervisor",
+        "holdwarden-supervisor-cluster",
+        "holdwarden-operator-view",
+        "holdwarden-operator-hold",
+    }
+    # Operators' roles never create (preflight's dry runs are the supervisor's) and the
+    # view role never writes.
+    for name in ("holdwarden-operator-view", "holdwarden-operator-hold"):
+        verbs = {verb for rule in roles[name]["rules"] for verb in rule["verbs"]}
+        assert "create" not in verbs and "delete" not in verbs and "*" not in verbs, name
+    view = {v for rule in roles["holdwarden-operator-view"]["rules"] for v in rule["verbs"]}
+    assert view <= {"get", "list", "watch"}
+    # The priority class the Pods name is the one shipped.
+    assert (
+        deployment["spec"]["template"]["spec"]["priorityClassName"]
+        == one("PriorityClass")["metadata"]["name"]
+    )
 
 
 def test_dockerfile_runs_the_manifests_command_as_non_root() -> None:
@@ -229,6 +246,7 @@ _PATHS = {
     "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
     "ValidatingWebhookConfiguration": (
         "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
     ),
