@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint typecheck unit binaries bench clean lock
+.PHONY: test test-real demo lint typecheck unit binaries bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ typecheck: $(STAMP)
 
 test: binaries lint typecheck
 	$(VENV)/bin/pytest -q
+
+# The end-to-end suite on the real Kueue, Trainer, JobSet and kube-controller-manager
+# (tests/real); opt-in until it is reliable on a busy 2-core machine.
+test-real: binaries
+	HOLDWARDEN_REAL_CONTROLLERS=1 $(VENV)/bin/pytest -q tests/real
 
 demo: binaries
 	$(VENV)/bin/holdwarden demo

@@ -1,0 +1,189 @@
+"""The enforcer and the readmission gate, registered in the real-controller cluster.
+
+The enforcer runs in this process (its own thread and event loop, TLS on 127.0.0.1) and is
+registered with the shipped matchConditions, for the namespaces carrying this run's label
+only. The gate is the project's real ReadmissionGate, as the enforcer's identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from certs.generate import generate_ca, generate_serving
+from certs.reload import ReloadingTLS
+from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
+from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from tests.k8s_objects import trainjob_body
+from tests.shipped_webhook import shipped_match_conditions
+from webhook.audit import read_audit
+from webhook.readmission_controller import (
+    ADMISSION_CHECK_GROUP,
+    ADMISSION_CHECK_VERSION,
+    ADMISSION_CHECKS,
+    ReadmissionGate,
+)
+from webhook.server import EnforcerServer
+
+ENFORCED_LABEL = "holdwarden.io/real-e2e"
+
+
+@dataclass
+class Enforcement:
+    """A running enforcer: its audit log, and the label that puts a namespace under it."""
+
+    audit_log: Path
+    token: str
+    check_name: str
+
+    def labels(self) -> dict[str, str]:
+        return {ENFORCED_LABEL: self.token}
+
+    def audit(self) -> list[dict[str, Any]]:
+        return list(read_audit(self.audit_log).records)
+
+
+@contextmanager
+def _enforcer_thread(config: Config, tls: ReloadingTLS) -> Iterator[EnforcerServer]:
+    loop = asyncio.new_event_loop()
+    server = EnforcerServer(config, tls=tls)
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(server.start())
+        except BaseException as exc:  # re-raised below, in the test's thread
+            failure.append(exc)
+            started.set()
+            return
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name="real-enforcer", daemon=True)
+    thread.start()
+    if not started.wait(30):
+        raise AssertionError("the enforcer did not start within 30s")
+    if failure:
+        raise failure[0]
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def _wait_until_enforced(admin: k8s.ApiClient, namespace: str) -> None:
+    """The apiserver picks up a new configuration a moment after it is created."""
+    probe = trainjob_body("probe", suspend=False)
+    probe["metadata"]["annotations"] = {Annotations().hold_instance: "1"}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            k8s.CustomObjectsApi(admin).create_namespaced_custom_object(
+                TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, probe,
+                dry_run="All",
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 403 and "held-trainjob-suspended" in (exc.body or ""):
+                return
+            # Trainer's or Kueue's webhook may refuse the probe first; try again.
+        time.sleep(0.2)
+    raise AssertionError("the apiserver never called the enforcer")
+
+
+@contextmanager
+def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
+    """The enforcer registered in the apiserver, and the readmission gate running."""
+    ca = generate_ca()
+    leaf = generate_serving(ca, "holdwarden", "holdwarden-system", ip_addresses=["127.0.0.1"])
+    (work / "tls.crt").write_bytes(leaf.cert_pem)
+    (work / "tls.key").write_bytes(leaf.key_pem)
+    token = uuid.uuid4().hex[:12]
+    check_name = f"readmission-{token}"
+    config = Config(
+        webhook=WebhookConfig(
+            listen_address="127.0.0.1:0",
+            metrics_address="127.0.0.1:0",
+            cert_dir=work,
+            audit_log=work / "audit.jsonl",
+        ),
+        readmission=ReadmissionConfig(
+            enabled=True,
+            controller_name=f"holdwarden.io/{check_name}",
+            interval=timedelta(milliseconds=200),
+        ),
+    )
+    with cluster.api_client() as admin:
+        k8s.CustomObjectsApi(admin).create_cluster_custom_object(
+            ADMISSION_CHECK_GROUP, ADMISSION_CHECK_VERSION, ADMISSION_CHECKS,
+            {"apiVersion": f"{ADMISSION_CHECK_GROUP}/{ADMISSION_CHECK_VERSION}",
+             "kind": "AdmissionCheck", "metadata": {"name": check_name},
+             "spec": {"controllerName": f"holdwarden.io/{check_name}"}},
+        )  # fmt: skip
+        gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+        gate.start()
+        try:
+            with _enforcer_thread(
+                config, ReloadingTLS(work / "tls.crt", work / "tls.key")
+            ) as server:
+                name = f"holdwarden-real-{token}"
+                body: Any = {
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingWebhookConfiguration",
+                    "metadata": {"name": name},
+                    "webhooks": [
+                        {
+                            "name": "holds.holdwarden.io",
+                            "admissionReviewVersions": ["v1"],
+                            "sideEffects": "None",
+                            "failurePolicy": "Fail",
+                            "timeoutSeconds": 5,
+                            "clientConfig": {
+                                "url": f"https://127.0.0.1:{server.port}/validate",
+                                "caBundle": base64.b64encode(ca.cert_pem).decode(),
+                            },
+                            "rules": [
+                                {
+                                    "apiGroups": [TRAINJOB.group, WORKLOAD.group],
+                                    "apiVersions": ["*"],
+                                    "operations": ["CREATE", "UPDATE"],
+                                    "resources": [TRAINJOB.plural, WORKLOAD.plural],
+                                    "scope": "Namespaced",
+                                }
+                            ],
+                            "namespaceSelector": {"matchLabels": {ENFORCED_LABEL: token}},
+                            "matchConditions": shipped_match_conditions(),
+                        }
+                    ],
+                }
+                registrations = k8s.AdmissionregistrationV1Api(admin)
+                registrations.create_validating_webhook_configuration(body)
+                try:
+                    probe_ns = cluster.create_namespace(
+                        f"probe-{token}", labels={ENFORCED_LABEL: token}
+                    )
+                    _wait_until_enforced(admin, probe_ns)
+                    yield Enforcement(work / "audit.jsonl", token, check_name)
+                finally:
+                    registrations.delete_validating_webhook_configuration(name)
+        finally:
+            gate.stop()
+        if gate.errors:
+            raise AssertionError(f"the readmission gate met {gate.errors} errors")

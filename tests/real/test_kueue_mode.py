@@ -1,0 +1,148 @@
+"""Kueue mode on the real Kueue, Trainer, JobSet and Job controller, with the enforcer
+registered in the apiserver and the readmission gate running.
+
+Start; Kueue admits (through the gate's AdmissionCheck) and pods exist. Hold: Kueue evicts,
+suspends the TrainJob, the pods are deleted; the Workload keeps its uid and the hold
+annotations for at least 60 s; Observe says held. Release while a pod of the held
+execution is still there (a finalizer keeps it): the gate keeps the job waiting; once the
+pod is gone Kueue re-admits through the gate, P/attempt rises exactly once, and pods of
+two executions never exist at the same time. Throughout, every committed change is
+watched, and at the end the enforcer has refused no controller's write.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from adapter import Adapter, Ref
+from adapter.types import State
+from holdwarden.config import Config
+from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.vocabulary import Annotations
+from tests.actors import Watcher
+from tests.k8s_objects import trainjob_body
+from tests.real.enforcer import Enforcement, enforcement
+from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
+from tests.real.story import (
+    Objects,
+    assert_no_false_positives,
+    condition,
+    live_pod_sets,
+    meta,
+    with_requests,
+)
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
+
+A = Annotations()
+HOLD_STABLE_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def enforced(
+    real_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Enforcement]:
+    with enforcement(real_cluster, tmp_path_factory.mktemp("enforcer")) as running:
+        yield running
+
+
+def test_kueue_mode_hold_and_release_on_the_real_controllers(
+    real_cluster: LocalCluster, real_admin: k8s.ApiClient, enforced: Enforcement
+) -> None:
+    namespace = real_cluster.create_namespace(
+        f"kueue-{enforced.token[:6]}-{int(time.time()) % 100000}", labels=enforced.labels()
+    )
+    make_queues(real_admin, namespace, admission_checks=[enforced.check_name])
+    objects = Objects(real_admin, namespace)
+    watcher = Watcher(real_admin, namespace)
+    watcher.start()
+    supervisor = real_cluster.api_client(SUPERVISOR_IDENTITY)
+    adapter = Adapter(Config(mode="kueue"), supervisor)
+    try:
+        body = with_requests(trainjob_body("job", queue=LOCAL_QUEUE, suspend=True))
+        body["metadata"]["namespace"] = namespace
+        ref = adapter.start(body, meta())
+        assert ref == Ref(namespace, "job")
+        adapter.open(ref, meta())
+
+        first = eventually(objects.pod_uids, "Kueue admits and the first pods exist")
+        eventually(lambda: objects.attempt() == "1", "the gate records attempt 1")
+        workload = objects.workload()
+        assert workload is not None
+        workload_uid = workload["metadata"]["uid"]
+        kept = objects.keep(objects.pods()[0])
+
+        adapter.hold(ref, meta(1), "node lost")
+        eventually(objects.suspended, "Kueue suspends the TrainJob")
+        evicted = eventually(
+            lambda: condition(objects.workload(), "Evicted"), "Kueue evicts the Workload"
+        )
+        # Everything but the pod the finalizer keeps is deleted (by the Job controller).
+        eventually(lambda: objects.pod_uids() <= first and len(objects.pods()) == 1, "pods go")
+        observed = adapter.observe(ref)
+        assert observed.state is State.HELD, observed
+        assert observed.hold_instance == 1
+        assert kept in observed.leftover_pods
+
+        # The hold stays: same Workload, same annotations, for at least HOLD_STABLE_S.
+        until = time.monotonic() + HOLD_STABLE_S
+        while time.monotonic() < until:
+            current = objects.workload()
+            assert current is not None and current["metadata"]["uid"] == workload_uid
+            assert current["metadata"]["annotations"].get(A.hold_instance) == "1"
+            assert current["spec"].get("active") is False
+            assert objects.suspended()
+            time.sleep(2)
+        assert adapter.observe(ref).state is State.HELD
+
+        adapter.release(ref, meta(1))
+        # The held execution's pod is still there: the gate must keep the job waiting.
+        until = time.monotonic() + 15
+        while time.monotonic() < until:
+            assert objects.suspended(), "re-admitted while the held execution's pod remains"
+            time.sleep(0.5)
+        objects.let_go(kept)
+        eventually(lambda: not objects.suspended(), "re-admitted once the old pods are gone")
+        second = eventually(lambda: objects.pod_uids() - first, "the second execution's pods")
+        eventually(lambda: objects.attempt() == "2", "the gate records attempt 2")
+        time.sleep(5)  # a second rise would show within a few gate passes
+        assert objects.attempt() == "2"
+        current = objects.workload()
+        assert current is not None and current["metadata"]["uid"] == workload_uid
+    finally:
+        watcher.stop()
+        supervisor.close()  # type: ignore[no-untyped-call]
+
+    events = watcher.events()
+    for live in live_pod_sets(events):
+        assert not (live & first and live & second), "pods of two executions at once"
+    workload_events: list[Any] = [e for e in events if e.kind == "workload"]
+    assert all(e.type != "DELETED" for e in workload_events), "the Workload was recreated"
+    print(f"Kueue's eviction: {evicted}")
+    assert_no_false_positives(real_cluster, enforced)
+
+
+def test_the_enforcer_still_refuses_a_users_unsuspend_of_a_held_trainjob(
+    real_cluster: LocalCluster, real_admin: k8s.ApiClient, enforced: Enforcement
+) -> None:
+    namespace = real_cluster.create_namespace(
+        f"plain-{enforced.token[:6]}-{int(time.time()) % 100000}", labels=enforced.labels()
+    )
+    objects = Objects(real_admin, namespace)
+    body = trainjob_body("job", suspend=True)
+    body["metadata"]["annotations"] = {A.hold_instance: "1"}
+    objects.custom.create_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", body
+    )
+    with real_cluster.api_client("alice") as alice, pytest.raises(k8s.ApiException) as refused:
+        k8s.CustomObjectsApi(alice).patch_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", "job",
+            {"spec": {"suspend": False}},
+        )  # fmt: skip
+    assert refused.value.status == 403
+    assert "held-trainjob-suspended" in (refused.value.body or "")
