@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 
 binaries: $(STAMP)
 	$(PY) -m holdwarden.localcluster
+	# Helm for the chart tests (tests/test_chart.py), built once like kube-apiserver.
+	$(PY) -m tests.helm_binary
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
