@@ -45,8 +45,8 @@ class CallMeta:
     """What every hold-family call carries.
 
     ``deadline`` must be timezone-aware; the adapter sends no request after it. ``None`` or a
-    naive datetime makes the call ``Invalid``. ``instance`` (>= 1) names the hold instance;
-    Hold and Release need it, Open and Start ignore it.
+    naive datetime makes the call ``Invalid``. ``instance`` (1 <= n <= 2^63-1) names the hold
+    instance; Hold and Release need it, Open and Start ignore it.
     """
 
     deadline: datetime | None

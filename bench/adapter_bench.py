@@ -1,6 +1,12 @@
 """Benchmark of the adapter against its own local control plane (a script, not a test).
 
-Run: ``.venv/bin/python bench/adapter_bench.py [-n 200] [--storm-calls 100]``
+Run: ``.venv/bin/python bench/adapter_bench.py [-n 200] [--storm-calls 100] [--contention]``
+
+``--contention`` runs everything twice, quiet and with both cores loaded by two busy loops
+at the same priority (a busy node), and adds, per mode and phase: the read-to-write gap
+(p50/p99: from the answer of the call's last GET to the sending of its write, measured on
+the wire), success under a status writer at 20 Hz and at 50 Hz, and the write's payload
+next to the PUT of the whole object it replaced.
 
 Prints, for Kueue mode and plain mode:
 - API requests per call, counted at the HTTP layer (a wrapper around the client's urllib3
@@ -16,7 +22,11 @@ Prints, for Kueue mode and plain mode:
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -30,39 +40,66 @@ from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref
 from adapter.errors import AdapterError
-from adapter.kube import MAX_RETRIES
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Resource
 
 Obj = dict[str, Any]
 STORM_HZ = 20.0
+WRITES = ("PUT", "PATCH")
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request on the wire: when it was handed to urllib3 and when its answer came."""
+
+    method: str
+    path: str
+    status: int
+    began: float
+    answered: float
+    body_bytes: int
 
 
 class CountingPool:
-    """Wraps a urllib3 PoolManager and records every request (method, path, status)."""
+    """Wraps a urllib3 PoolManager and records every request (method, path, status, times,
+    body size). ``answered`` is when the response headers arrived; reading the (small) body
+    and everything the adapter does until its next request counts as gap."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
-        self.log: list[tuple[str, str, int]] = []
+        self.log: list[Sent] = []
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        body = kwargs.get("body")
+        began = time.perf_counter()
         response = self._inner.request(method, url, *args, **kwargs)
+        answered = time.perf_counter()
         path = url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
+        size = len(body) if isinstance(body, (str, bytes)) else 0
         with self._lock:
-            self.log.append((method, path, int(response.status)))
+            self.log.append(Sent(method, path, int(response.status), began, answered, size))
         return response
 
     def mark(self) -> int:
         with self._lock:
             return len(self.log)
 
-    def since(self, mark: int) -> list[tuple[str, str, int]]:
+    def since(self, mark: int) -> list[Sent]:
         with self._lock:
             return self.log[mark:]
+
+
+def gaps(sent: list[Sent]) -> list[float]:
+    """For each write, the time from the answer of the GET just before it to its sending."""
+    out = []
+    for before, write in itertools.pairwise(sent):
+        if write.method in WRITES and before.method == "GET":
+            out.append(write.began - before.answered)
+    return out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -83,6 +120,8 @@ class CallStats:
     own_count: Counter[int] = field(default_factory=Counter)
     conflicts: Counter[int] = field(default_factory=Counter)  # 409s per call -> calls
     errors: Counter[str] = field(default_factory=Counter)
+    gaps: list[float] = field(default_factory=list)
+    write_bytes: list[int] = field(default_factory=list)
 
     def line(self, name: str) -> str:
         lat = self.latencies
@@ -101,15 +140,15 @@ def _resource(path: str) -> str:
     return path
 
 
-def _shape(entries: list[tuple[str, str, int]]) -> str:
-    return " + ".join(f"{m} {_resource(p)}" for m, p, _ in entries)
+def _shape(entries: list[Sent]) -> str:
+    return " + ".join(f"{s.method} {_resource(s.path)}" for s in entries)
 
 
 class Bench:
-    def __init__(self, cluster: LocalCluster, mode: str) -> None:
+    def __init__(self, cluster: LocalCluster, mode: str, tag: str = "") -> None:
         self.cluster = cluster
         self.mode = mode
-        self.namespace = cluster.create_namespace(f"bench-{mode}")
+        self.namespace = cluster.create_namespace(f"bench-{mode}{tag}")
         self.api = cluster.api_client(SUPERVISOR_IDENTITY)
         self.adapter = Adapter(Config(mode=mode), self.api)  # type: ignore[arg-type]
         # The adapter sends through its own client (a copy of self.api's configuration).
@@ -204,7 +243,9 @@ class Bench:
         stats.http[len(sent)] += 1
         stats.shape[_shape(sent)] += 1
         stats.own_count[self.adapter.request_count - own] += 1
-        stats.conflicts[sum(1 for _, _, status in sent if status == 409)] += 1
+        stats.conflicts[sum(1 for s in sent if s.status == 409)] += 1
+        stats.gaps.extend(gaps(sent))
+        stats.write_bytes.extend(s.body_bytes for s in sent if s.method in WRITES)
 
     def cycle(self, ref: Ref, n: int, hold: CallStats, release: CallStats) -> int:
         """n rounds of Hold(i) then Release(i); a Release whose Hold failed is not sent (it
@@ -239,7 +280,10 @@ class StatusStorm:
     """Writes the held object's status at ``hz`` (merge patches: they never conflict
     themselves, and each one moves resourceVersion under the adapter)."""
 
-    def __init__(self, cluster: LocalCluster, res: Resource, namespace: str, name: str) -> None:
+    def __init__(
+        self, cluster: LocalCluster, res: Resource, namespace: str, name: str, hz: float
+    ) -> None:
+        self.hz = hz
         self.api = cluster.api_client()
         self.custom: Any = k8s.CustomObjectsApi(self.api)
         self.args = (res.group, res.version, namespace, res.plural, name)
@@ -249,7 +293,7 @@ class StatusStorm:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        period = 1.0 / STORM_HZ
+        period = 1.0 / self.hz
         next_at = time.monotonic()
         while not self.stop_event.is_set():
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -289,19 +333,58 @@ def describe_counts(stats: CallStats) -> str:
     return f"HTTP: {http} (typical: {shape}); adapter's own count: {own}"
 
 
-def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int) -> None:
-    bench = Bench(cluster, mode)
+def storm_run(
+    cluster: LocalCluster, bench: Bench, ref: Ref, hz: float, calls: int
+) -> tuple[float, str]:
+    """Hold/Release cycles under a status writer at ``hz``: (success %, one-line summary)."""
+    res, name = bench.held_name(ref)
+    s_hold, s_release = CallStats(), CallStats()
+    with StatusStorm(cluster, res, bench.namespace, name, hz) as storm:
+        skipped = bench.cycle(ref, calls, s_hold, s_release)
+    # A Release not sent because its Hold failed counts as failed too.
+    total = len(s_hold.latencies) + len(s_release.latencies) + skipped
+    failed = sum(s_hold.errors.values()) + sum(s_release.errors.values()) + skipped
+    conflicts = s_hold.conflicts + s_release.conflicts
+    retries = sum(k * v for k, v in conflicts.items())
+    rate = 100.0 * (total - failed) / total
+    errors = dict(s_hold.errors + s_release.errors) or "none"
+    line = (
+        f"{hz:.0f} Hz ({storm.writes / storm.elapsed:.1f} writes/s): {total - failed}/{total}"
+        f" calls succeeded ({rate:.1f}%), 409s {retries}, errors {errors};"
+        f" Hold median {ms(statistics.median(s_hold.latencies))}"
+    )
+    if storm.errors:
+        line += f"; storm errors {storm.errors[:2]}"
+    return rate, line
+
+
+def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int, phase: str) -> Obj:
+    """One mode, one phase (quiet or contended): latency, gap, storms; returns a summary."""
+    bench = Bench(cluster, mode, "" if phase == "quiet" else "-contended")
+    summary: Obj = {"mode": mode, "phase": phase}
     try:
         ref = bench.make_job("latency")
         hold, release = CallStats(), CallStats()
         bench.cycle(ref, 5, CallStats(), CallStats())  # warm-up: preflight, Workload cache
         bench.cycle(ref, n, hold, release)
         bare = bench.bare_pair(ref, n)
-        print(f"\n== {mode} mode (steady state, no other writer), N={n} each")
+        res, name = bench.held_name(ref)
+        whole = len(json.dumps(bench.custom.get_namespaced_custom_object(*bench.coords(res), name)))
+        print(f"\n== {mode} mode, {phase}: steady state, no other writer, N={n} each")
         print(f"  Hold    {describe_counts(hold)}")
         print(f"  Release {describe_counts(release)}")
         print(hold.line("Hold"))
         print(release.line("Release"))
+        all_gaps = hold.gaps + release.gaps
+        print(
+            f"  gap read->write: p50 {ms(statistics.median(all_gaps))}"
+            f"  p99 {ms(pct(all_gaps, 0.99))} (n={len(all_gaps)})"
+        )
+        print(
+            f"  write payload: Hold {statistics.median(hold.write_bytes):.0f} B, Release"
+            f" {statistics.median(release.write_bytes):.0f} B; a PUT of the whole object"
+            f" {whole} B"
+        )
         print(
             f"  bare GET+PUT (same client) n={len(bare)} median {ms(statistics.median(bare))}"
             f"  p99 {ms(pct(bare, 0.99))}"
@@ -311,50 +394,75 @@ def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int) -> None
         print(f"  Hold median / bare pair median = {ratio:.2f}; Release / bare = {ratio_r:.2f}")
         if hold.errors or release.errors:
             print(f"  errors: hold {dict(hold.errors)} release {dict(release.errors)}")
-
-        storm_ref = bench.make_job("storm")
-        bench.cycle(storm_ref, 2, CallStats(), CallStats())
-        res, name = bench.held_name(storm_ref)
-        s_hold, s_release = CallStats(), CallStats()
-        with StatusStorm(cluster, res, bench.namespace, name) as storm:
-            skipped = bench.cycle(storm_ref, storm_calls, s_hold, s_release)
-        calls = len(s_hold.latencies) + len(s_release.latencies)
-        failed = sum(s_hold.errors.values()) + sum(s_release.errors.values())
-        conflicts = s_hold.conflicts + s_release.conflicts
-        retries = sum(k * v for k, v in conflicts.items())
-        tries = retries + calls - conflicts[1 + MAX_RETRIES]
-        print(
-            f"\n== {mode} mode, conflict storm: status writer at {STORM_HZ:.0f} Hz on the"
-            f" held {res.kind} ({storm.writes} writes in {storm.elapsed:.1f}s ="
-            f" {storm.writes / storm.elapsed:.1f}/s)"
+        summary.update(
+            gap_p50=statistics.median(all_gaps),
+            gap_p99=pct(all_gaps, 0.99),
+            ratio=ratio,
+            requests=statistics.median(list(hold.http.elements())),
         )
-        print(
-            f"  {calls} calls, {calls - failed} succeeded"
-            f" ({100.0 * (calls - failed) / calls:.1f}%); retries used (409s) {retries} total;"
-            f" {100.0 * retries / tries:.0f}% of tries met a 409;"
-            f" {skipped} Release(s) not sent because their Hold failed"
-        )
-        for label, stats in (("Hold", s_hold), ("Release", s_release)):
-            dist = ", ".join(f"{k} retries x{v}" for k, v in sorted(stats.conflicts.items()))
-            print(f"  {label:<8} {dist}; errors {dict(stats.errors) or 'none'}")
-            print(stats.line(label))
-        if storm.errors:
-            print(f"  storm writer errors: {storm.errors[:3]}")
+        for hz in (20.0, 50.0):
+            storm_ref = bench.make_job(f"storm-{hz:.0f}")
+            bench.cycle(storm_ref, 2, CallStats(), CallStats())
+            rate, line = storm_run(cluster, bench, storm_ref, hz, storm_calls)
+            print(f"  storm {line}")
+            summary[f"success_{hz:.0f}hz"] = rate
     finally:
         bench.close()
+    return summary
+
+
+class BusyLoops:
+    """``count`` processes spinning at the same priority as this one (a busy node)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> BusyLoops:
+        for _ in range(self.count):
+            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        time.sleep(0.5)  # let the scheduler see them
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:  # only the processes this benchmark started
+            proc.kill()
+        for proc in self.procs:
+            proc.wait(timeout=10)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=200, help="Hold and Release calls each")
-    parser.add_argument("--storm-calls", type=int, default=100, help="cycles under the storm")
+    parser.add_argument("--storm-calls", type=int, default=100, help="cycles under each storm")
     parser.add_argument("--modes", default="kueue,plain")
+    parser.add_argument(
+        "--contention",
+        action="store_true",
+        help="also run with both cores loaded by two busy loops at the same priority",
+    )
+    parser.add_argument("--busy-loops", type=int, default=2)
     args = parser.parse_args()
     began = time.monotonic()
+    summaries: list[Obj] = []
     with LocalCluster() as cluster:
         print(f"local control plane up in {cluster.startup_seconds:.1f}s ({cluster.server_url})")
         for mode in args.modes.split(","):
-            run_mode(cluster, mode, args.n, args.storm_calls)
+            summaries.append(run_mode(cluster, mode, args.n, args.storm_calls, "quiet"))
+        if args.contention:
+            with BusyLoops(args.busy_loops):
+                for mode in args.modes.split(","):
+                    phase = f"contended ({args.busy_loops} busy loops)"
+                    summaries.append(run_mode(cluster, mode, args.n, args.storm_calls, phase))
+    print("\n== summary (gap = CPU and waiting between a read's answer and the write)")
+    print(f"  {'mode':<6} {'phase':<26} {'gap p50':>8} {'gap p99':>8} {'req':>4}"
+          f" {'/bare':>6} {'20 Hz':>7} {'50 Hz':>7}")  # fmt: skip
+    for s in summaries:
+        print(
+            f"  {s['mode']:<6} {s['phase']:<26} {ms(s['gap_p50']):>8} {ms(s['gap_p99']):>8}"
+            f" {s['requests']:>4.0f} {s['ratio']:>6.2f} {s['success_20hz']:>6.1f}%"
+            f" {s['success_50hz']:>6.1f}%"
+        )
     print(f"\ntotal {time.monotonic() - began:.0f}s")
 
 

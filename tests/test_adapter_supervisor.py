@@ -6,6 +6,7 @@ own, preflight that does not mask the call's own errors.
 from __future__ import annotations
 
 import copy
+import json
 import socket
 import threading
 import time
@@ -321,3 +322,49 @@ def test_cli_hold_and_release_run_no_dry_run_create_unless_asked(
     assert main(["hold", ref, "--instance", "2", "--preflight", *common]) == 0
     assert sent.count("dry-run-create") == 2, sent
     capsys.readouterr()
+
+
+# ==== minimal writes on the wire (items 2 and 3) =======================================
+
+
+class _Wire:
+    """Wraps the adapter's own PoolManager: (method, body bytes) of every request."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.sent: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        body = kwargs.get("body")
+        self.sent.append((method, len(body) if isinstance(body, (str, bytes)) else 0))
+        return self._inner.request(method, url, *args, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["kueue", "plain"])
+def test_hold_and_release_send_a_small_patch_not_the_whole_object(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, mode: str
+) -> None:
+    """Before: every write was a PUT of the whole object as read (status, managedFields)."""
+    if mode == "kueue":
+        ref, wl_name = kc.kueue_job("job")
+        for _ in range(5):  # a Workload with some status, as Kueue leaves it
+            kc.bump_workload_status(wl_name)
+        held: Any = lambda: kc.workload(wl_name)  # noqa: E731
+    else:
+        kc.create_trainjob("job")
+        ref = Ref(kc.ns, "job")
+        held = lambda: kc.trainjob("job")  # noqa: E731
+    with make(cluster, supervisor_client, mode) as adapter:
+        adapter.preflight(kc.ns)
+        rest: Any = adapter.api_client.rest_client
+        wire = rest.pool_manager = _Wire(rest.pool_manager)
+        adapter.hold(ref, meta(1), "r")
+        whole = len(json.dumps(held()))
+        adapter.release(ref, meta(1))
+    writes = [(m, size) for m, size in wire.sent if m not in ("GET", "POST")]
+    assert [m for m, _ in writes] == ["PATCH", "PATCH"], wire.sent
+    assert all(0 < size < 400 and size * 3 < whole for _, size in writes), (writes, whole)
+    assert hold_annotations(held()) == {}
