@@ -56,7 +56,7 @@ class WebhookConfig:
     idle_timeout: timedelta = timedelta(seconds=120)
     header_timeout: timedelta = timedelta(seconds=10)
     body_timeout: timedelta = timedelta(seconds=10)
-    max_connections: int = 400
+    max_connections: int = 300
     max_in_flight_body_bytes: int = 32 * 1024 * 1024
     # Optional mutual TLS: callers must present a certificate signed by this CA.
     client_ca_file: Path | None = None

@@ -246,9 +246,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS:") -> int:
+    """The process's resident memory now (VmRSS), or at its peak (``VmHWM:``), in KiB."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from certs.generate import generate_ca, generate_client
+from holdwarden.config import WebhookConfig
 from tests.enforcer_tls import (
     Pki,
     ServeProcess,
@@ -262,6 +263,43 @@ async def test_bodies_in_memory_at_once_are_bounded_across_connections(tmp_path:
         finally:
             close_quietly(slow)
             close_quietly(fast)
+
+
+async def test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit(
+    tmp_path: Path,
+) -> None:
+    # Every connection the default cap allows (and 50 more) sends the most headers it may
+    # (14 of 8 KiB) and a body it never finishes, with 200 KB of it on the wire: the peak
+    # RSS stays under the Deployment's 256 MiB.
+    pki = Pki.create(tmp_path / "pki")
+    cap = WebhookConfig().max_connections
+    serve = ServeProcess(tmp_path / "serve", pki, {"bodyTimeout": "60s"})
+    headers = b"".join(b"X-H%02d: %s\r\n" % (i, b"v" * 8150) for i in range(14))
+    request = (
+        b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n"
+        + headers
+        + b"\r\n"
+        + b"x" * 200_000
+    )
+    held = []
+    try:
+        async with asyncio.timeout(120):
+            await serve.ready()
+            context = pki.client_context()
+            for _ in range(cap + 50):
+                try:
+                    reader, writer = await open_tls(serve.port, context)
+                except (ConnectionError, ssl.SSLError):
+                    continue  # refused at the cap: every connection has a request
+                writer.write(request)
+                held.append((reader, writer))
+            await asyncio.sleep(3)
+            peak_mib = rss_kib(serve.proc.pid, "VmHWM:") / 1024
+            assert peak_mib < 256, peak_mib
+    finally:
+        for _, w in held:
+            close_quietly(w)
+        serve.kill()
 
 
 # --- Expect: 100-continue, clients that go away -------------------------------------------------

@@ -4,8 +4,8 @@ On its own, aiohttp keeps a connection open for as long as the client likes (its
 timer is an hour), puts no time limit on a request's headers or body, and accepts any
 number of connections. asyncio's TLS layer also gives every connection a 256 KiB receive
 buffer. This module puts bounds on all of that. It works below aiohttp, in the TLS protocol
-of each connection (``GuardedTLSProtocol``), and beside it, in a middleware that marks when
-a request has its headers and when it has been answered (``ConnectionGuard.middleware``).
+of each connection (``GuardedTLSProtocol``), and beside it, in the handlers, which mark when a
+request has its headers and when it has been answered (``ConnectionGuard.begin``/``end``).
 
 Invariants (``Limits`` holds the numbers, from ``webhook.*``):
   - At most ``max_connections`` TCP connections are open at once, TLS handshakes included.
@@ -25,8 +25,8 @@ Invariants (``Limits`` holds the numbers, from ``webhook.*``):
     ``max_connections`` times that plus the body budget.
   - While draining (``ConnectionGuard.drain``), every answer carries ``Connection: close``.
     A connection that has sent any part of a request (its body still arriving included) is
-    never closed before that request is answered, until ``drain_timeout`` runs out. Only
-    idle connections are closed.
+    not closed before that request is answered, unless its own header or body timeout or
+    ``drain_timeout`` runs out first. Only idle connections are closed.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import collections
 import contextlib
 import logging
 import ssl
+import time
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,19 +47,27 @@ from aiohttp import web
 from holdwarden.config import WebhookConfig
 
 log = logging.getLogger("holdwarden.webhook.connections")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # One TLS record is at most 16 KiB (plus its header and tag); two fit. asyncio's default of
 # 256 KiB per connection is what made 1,000 idle connections cost 343 MB.
 READ_BUFFER = 32 * 1024
+# Encrypted bytes asyncio's TLS layer holds for a connection whose reader is paused, before
+# it stops reading the socket; its default (256 KiB) is per connection too.
+TLS_READ_HIGH_WATER = 64 * 1024
 # A peer that never answers our close_notify cannot hold its memory for asyncio's default
 # 30 s.
 TLS_SHUTDOWN_TIMEOUT = 2.0
-# The kube-apiserver sends about ten headers (Host, User-Agent, Content-Type,
-# Content-Length, Accept, Accept-Encoding, Audit-ID, traceparent, maybe Authorization).
-# 32 leaves room for a proxy's additions, and 32 * 8 KiB bounds a connection's headers.
-MAX_HEADERS = 32
-MAX_FIELD_SIZE = 8190
+# The kube-apiserver sends fewer than ten headers (Host, User-Agent, Content-Type,
+# Content-Length, Accept, Accept-Encoding, maybe Authorization and traceparent). 16 of at
+# most 8 KiB each bound what a connection's headers can hold: measured, ~300 KiB of RSS
+# for a connection that sends the most it may (32 such headers cost ~580 KiB).
+MAX_HEADERS = 16
+MAX_FIELD_SIZE = 8190  # aiohttp: a header's name and value together
 MAX_LINE_SIZE = 8190
+# aiohttp buffers up to twice this of a body the handler has not read yet, then stops
+# reading the socket; its default (64 KiB) allowed 128 KiB per connection.
+PAYLOAD_BUFFER = 16 * 1024
 # After an early answer (408, 413), aiohttp reads and discards what is left of the body for
 # this long, so the client can read the answer before the connection closes.
 LINGERING_TIME = 2.0
@@ -120,6 +129,14 @@ class BodyBudget:
         self.limit = limit
         self.used = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def try_acquire(self, n: int) -> int | None:
+        """Reserve ``n`` bytes now if there is room and nobody is waiting, else None."""
+        n = max(0, min(n, self.limit))
+        if not self._waiters and self.used + n <= self.limit:
+            self.used += n
+            return n
+        return None
 
     async def acquire(self, n: int) -> int:
         n = max(0, min(n, self.limit))
@@ -201,9 +218,10 @@ class GuardedTLSProtocol(sslproto.SSLProtocol):
             ssl_handshake_timeout=guard.limits.header_timeout,  # type: ignore[arg-type]
             ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
         )
+        # SSLProtocol's own flow-control setter (no public one before the handshake).
+        self._set_read_buffer_limits(high=TLS_READ_HIGH_WATER)  # type: ignore[attr-defined]
         self._hw_guard = guard
-        self._hw_conn = _Conn(app_protocol, loop.time())
-        self._hw_loop = loop
+        self._hw_conn = _Conn(app_protocol, time.monotonic())
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -216,7 +234,7 @@ class GuardedTLSProtocol(sslproto.SSLProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         conn = self._hw_conn
         if not conn.busy and conn.reading_since is None:
-            conn.reading_since = self._hw_loop.time()
+            conn.reading_since = time.monotonic()
         super().buffer_updated(nbytes)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -294,7 +312,7 @@ class ConnectionGuard:
         else:
             self._abort(conn)
 
-    # -- requests (the middleware) ------------------------------------------------------
+    # -- requests (the handlers) --------------------------------------------------------
 
     def begin(self, handler: object) -> None:
         conn = self._by_handler.get(handler)
@@ -302,27 +320,22 @@ class ConnectionGuard:
             conn.busy = True
             self._idle.pop(conn, None)
 
-    def end(self, handler: object, now: float) -> None:
+    def end(self, handler: object) -> None:
         conn = self._by_handler.get(handler)
         if conn is not None and not conn.closed:
             conn.busy = False
-            conn.since = now
+            conn.since = time.monotonic()
             conn.reading_since = None
             self._idle[conn] = None  # now the most recently answered
             if self.closing and self._changed is not None:
                 self._changed.set()
 
-    def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
-        """An aiohttp middleware: marks a request in progress; while draining, answers
-        close the connection."""
+    def tracked(self, handler: Handler) -> Handler:
+        """``handler``, marking its request in progress; while draining, its answer closes
+        the connection. (``Enforcer.validate`` does the same inline, on the hot path.)"""
         guard = self
-        loop_time = asyncio.get_running_loop().time
 
-        @web.middleware
-        async def track(
-            request: web.Request,
-            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-        ) -> web.StreamResponse:
+        async def track(request: web.Request) -> web.StreamResponse:
             protocol = request.protocol
             guard.begin(protocol)
             try:
@@ -332,7 +345,7 @@ class ConnectionGuard:
                     exc.force_close()
                 raise
             finally:
-                guard.end(protocol, loop_time())
+                guard.end(protocol)
             if guard.closing:
                 response.force_close()
             return response
@@ -349,11 +362,10 @@ class ConnectionGuard:
     async def _sweep_forever(self) -> None:
         # A quarter of the shortest timeout, so a timeout fires at most 25 % late.
         interval = max(0.02, min(1.0, self.limits.header_timeout / 4, self.limits.idle_timeout / 4))
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
             try:
-                self.sweep(loop.time())
+                self.sweep(time.monotonic())
             except Exception:  # never let the sweeper die; it is what bounds connections
                 log.exception("connection sweep failed")
 
