@@ -101,9 +101,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     inject.add_argument(
         "--kubeconfig",
         metavar="PATH",
-        help="kubeconfig (default: in-cluster config, else $KUBECONFIG or ~/.kube/config)",
+        help="kubeconfig file; default: credentials from $KUBECONFIG, else ~/.kube/config, "
+        "else the in-cluster service account (kubectl's order)",
     )
-    inject.add_argument("--context", help="kubeconfig context to use")
+    inject.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
     inject.set_defaults(handler=_guard(_inject))
 
     rotate = sub.add_parser(

@@ -3,6 +3,11 @@
 Each part registers its own sub-commands (``register(subparsers)``) so that the CLI of a
 part lives beside the part. Exit codes: 0 success, 2 usage or configuration error, and
 for adapter calls the error's ``exit_code`` (see ``adapter.errors``).
+
+The same program is the kubectl plugin ``kubectl-holdwarden`` (``kubectl holdwarden ...``:
+kubectl runs any ``kubectl-NAME`` on PATH), and ``holdwarden completion bash|zsh|tcsh``
+prints a shell completion script made by shtab from this parser (static: completing
+runs no Python, so a tab press costs nothing).
 """
 
 from __future__ import annotations
@@ -37,7 +42,29 @@ class _DemoUnavailable:
         return 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _register_completion(subparsers: argparse._SubParsersAction[Any], prog: str) -> None:
+    parser = subparsers.add_parser(
+        "completion",
+        help="print a shell completion script (bash, zsh or tcsh)",
+        description=(
+            f"Print a completion script for {prog}. bash: "
+            f"`source <({prog} completion bash)`, or save it under "
+            "/etc/bash_completion.d/; zsh: save it as _holdwarden on your $fpath."
+        ),
+    )
+    parser.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="the shell")
+    parser.set_defaults(handler=_print_completion)
+
+
+def _print_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    parser = build_parser(args.prog_name)
+    sys.stdout.write(shtab.complete(parser, shell=args.shell))
+    return 0
+
+
+def build_parser(prog: str = "holdwarden") -> argparse.ArgumentParser:
     # Imported here so that `holdwarden --help` names every part's sub-commands while each
     # part keeps its CLI beside its code.
     from adapter import cli as adapter_cli
@@ -52,18 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
         demo = _DemoUnavailable
 
     parser = argparse.ArgumentParser(
-        prog="holdwarden",
+        prog=prog,
         description="Instance-numbered holds for Kubeflow Trainer TrainJobs.",
     )
+    parser.set_defaults(prog_name=prog)
     parser.add_argument("--version", action="version", version=f"holdwarden {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (webhook_cli, certs_cli, adapter_cli, demo):
         module.register(subparsers)
+    _register_completion(subparsers, prog)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-holdwarden``: the same commands, named as kubectl shows them."""
+    return main(argv, prog="kubectl holdwarden")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "holdwarden") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     try:

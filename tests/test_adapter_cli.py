@@ -34,7 +34,7 @@ def run(
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as raised:
-        main(["hold", "no-slash", "--instance", "1"])
+        main(["hold", "a/b/c", "--instance", "1"])
     assert raised.value.code == 2
     assert "expected NAMESPACE/NAME" in capsys.readouterr().err
     with pytest.raises(SystemExit) as raised:

@@ -26,7 +26,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--cert-dir", metavar="DIR", help="directory with tls.crt and tls.key")
     serve.add_argument("--audit-log", metavar="PATH", help="audit log file (JSON lines)")
     serve.add_argument("--metrics", metavar="ADDR", help="metrics/health address, host:port")
-    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning"),
+        help="log level of the JSON log on stderr (default info)",
+    )
     serve.set_defaults(handler=serve_command)
 
     audit = subparsers.add_parser(
@@ -37,12 +42,23 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     audit.add_argument("--config", metavar="FILE", help="configuration naming the audit log")
     audit.add_argument("--log", metavar="PATH", help="audit log file (overrides the config)")
-    audit.add_argument("--namespace", "-n")
-    audit.add_argument("--name")
-    audit.add_argument("--user")
-    audit.add_argument("--rule", choices=[str(rule) for rule in RuleId])
+    audit.add_argument("--namespace", "-n", metavar="NS", help="only refusals in this namespace")
+    audit.add_argument("--name", help="only refusals of objects with this name")
+    audit.add_argument("--user", help="only refusals of writes by this user")
+    audit.add_argument(
+        "--rule", choices=[str(rule) for rule in RuleId], help="only refusals by this rule"
+    )
     audit.add_argument("--since", help="a duration such as 10m or 2h, or an RFC 3339 time")
-    audit.add_argument("--json", action="store_true", help="print JSON lines, not a table")
+    audit.add_argument(
+        "-o",
+        "--output",
+        choices=("json", "yaml", "wide"),
+        help="json (one JSON object a line), yaml (one document a refusal) or wide (a table "
+        "with every field); default: a table",
+    )
+    audit.add_argument(
+        "--json", dest="output", action="store_const", const="json", help="same as -o json"
+    )
     audit.set_defaults(handler=audit_command)
 
 
@@ -108,10 +124,12 @@ def parse_since(text: str, now: datetime) -> datetime:
 _COLUMNS = ("time", "rule", "namespace", "name", "instance", "user", "operation", "dryRun")
 
 
-def print_table(records: list[dict[str, Any]], out: TextIO) -> None:
-    rows = [[_cell(record.get(column)) for column in _COLUMNS] for record in records]
-    header = [column.upper() for column in _COLUMNS]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(_COLUMNS))]
+def print_table(
+    records: list[dict[str, Any]], out: TextIO, columns: tuple[str, ...] = _COLUMNS
+) -> None:
+    rows = [[_cell(record.get(column)) for column in columns] for record in records]
+    header = [column.upper() for column in columns]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(columns))]
     for row in [header, *rows]:
         line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
         out.write(line.rstrip() + "\n")
@@ -147,9 +165,19 @@ def audit_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"holdwarden audit: cannot read {path}: {exc.strerror}", file=sys.stderr)
         return 1
-    if args.json:
+    if args.output == "json":
         for record in result.records:
             sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    elif args.output == "yaml":
+        import yaml
+
+        sys.stdout.write(
+            yaml.safe_dump_all(result.records, sort_keys=True) if result.records else ""
+        )
+    elif args.output == "wide":
+        # Every field any record has, the usual columns first.
+        extra = sorted({key for record in result.records for key in record} - set(_COLUMNS))
+        print_table(result.records, sys.stdout, (*_COLUMNS, *extra))
     else:
         print_table(result.records, sys.stdout)
     if result.skipped:
