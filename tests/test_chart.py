@@ -34,6 +34,11 @@ VARIANTS: dict[str, tuple[list[str], list[Path]]] = {
     "base": ([], []),
     "monitoring": (["monitoring.enabled=true"], [MANIFESTS / "monitoring"]),
     "readmission": (["readmission.enabled=true"], [MANIFESTS / "readmission"]),
+    "sidecar": (["sidecar.enabled=true"], [MANIFESTS / "sidecar"]),
+    "sidecar-monitoring": (
+        ["sidecar.enabled=true", "monitoring.enabled=true"],
+        [MANIFESTS / "sidecar", MANIFESTS / "monitoring"],
+    ),
     "both": (
         ["monitoring.enabled=true", "readmission.enabled=true"],
         [MANIFESTS / "monitoring", MANIFESTS / "readmission"],
@@ -101,4 +106,5 @@ def test_chart_values_are_documented_and_versioned() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     # The default configuration loads (unknown keys and bad values are errors).
     Config.from_dict(values["config"])
-    assert values["readmission"]["enabled"] is False and values["monitoring"]["enabled"] is False
+    for optional in ("readmission", "monitoring", "sidecar"):
+        assert values[optional]["enabled"] is False, optional

@@ -5,10 +5,11 @@ app.kubernetes.io/component: {{ . }}
 app.kubernetes.io/part-of: holdwarden
 {{- end -}}
 
-{{/* The enforcer Pods' selector. */}}
+{{/* The selector of the Pods that run the enforcer: its own, or the supervisor's with
+the sidecar. */}}
 {{- define "holdwarden.selector" -}}
 app.kubernetes.io/name: holdwarden
-app.kubernetes.io/component: enforcer
+app.kubernetes.io/component: {{ if .Values.sidecar.enabled }}supervisor{{ else }}enforcer{{ end }}
 {{- end -}}
 
 {{/* The configuration file, with the readmission gate when it is enabled. */}}
