@@ -283,6 +283,10 @@ async def test_rolling_restart_under_load_fails_no_review(tmp_path: Path) -> Non
     finally:
         for member in started:
             member.kill()
+    print(
+        f"rolling restart: {tally.answered} reviews answered, {len(tally.failed)} failed, "
+        f"{tally.reconnects} connections opened, {tally.dial_retries} dials retried"
+    )
     assert tally.failed == [], (tally.failed[:10], len(tally.failed))
     assert tally.answered > before + 100, tally
     assert tally.reconnects >= 8 + 2  # the clients did move from the old servers
