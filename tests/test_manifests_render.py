@@ -260,7 +260,8 @@ _RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 @pytest.fixture
 def roles(cluster: LocalCluster, admin_client: k8s.ApiClient) -> Iterator[None]:
-    """The rendered ClusterRoles, created for real (not a dry run) for bindings to use."""
+    """The rendered ClusterRoles, created for real (not a dry run) for bindings to use,
+    and deleted afterwards."""
     path = f"{_RBAC}/clusterroles"
     for obj in render(MANIFESTS):
         if obj["kind"] != "ClusterRole":
@@ -275,6 +276,10 @@ def roles(cluster: LocalCluster, admin_client: k8s.ApiClient) -> Iterator[None]:
         else:
             assert status == 201, body
     yield
+    # Gone again, so that other tests' dry-run creates of the same roles do not meet a 409.
+    for obj in render(MANIFESTS):
+        if obj["kind"] == "ClusterRole":
+            _call(cluster, admin_client, "DELETE", f"{path}/{obj['metadata']['name']}")
 
 
 def _bind(
