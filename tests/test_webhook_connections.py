@@ -108,6 +108,36 @@ async def test_slowloris_headers_are_cut_off_however_they_trickle(tmp_path: Path
         assert served.server.guard.header_timeouts == 1
 
 
+async def test_slowloris_on_a_kept_alive_connection_gets_the_header_timeout_too(
+    tmp_path: Path,
+) -> None:
+    # After an answer the connection is idle (30 s here); the first byte of the next request
+    # starts the header timeout, and trickling does not extend it.
+    async with serving(tmp_path, **HEADERS_ONLY) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            async with asyncio.timeout(20):
+                status, _, _ = await roundtrip(reader, writer, review_body())
+                assert status == 200
+                await asyncio.sleep(1.0)  # longer than the header timeout: idle is fine
+                writer.write(b"POST /validate HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                started = time.monotonic()
+                closed = False
+                while not closed:
+                    writer.write(b"a")
+                    try:
+                        async with asyncio.timeout(0.05):
+                            closed = await closed_by_peer(reader)
+                    except TimeoutError:
+                        pass
+                    except (ConnectionError, ssl.SSLError):
+                        closed = True
+                assert 0.5 <= time.monotonic() - started < 10
+        finally:
+            close_quietly(writer)
+        assert served.server.guard.header_timeouts == 1
+
+
 async def test_a_body_that_stops_arriving_gets_408_and_the_connection_closes(
     tmp_path: Path,
 ) -> None:
@@ -129,9 +159,9 @@ async def test_a_body_that_stops_arriving_gets_408_and_the_connection_closes(
 async def test_requests_in_progress_are_not_cut_off_by_the_header_timeout(
     tmp_path: Path,
 ) -> None:
-    # A keep-alive client that sends a review every 200 ms for 2 s (3x the timeouts) keeps
-    # its connection: the timeouts only apply to a connection that is not being served.
-    async with serving(tmp_path, **FAST) as served:
+    # A keep-alive client that sends a review every 200 ms for 2 s (3x the header and body
+    # timeouts) keeps its connection: they only apply while a request is being received.
+    async with serving(tmp_path, **{**FAST, "idle_timeout": timedelta(seconds=5)}) as served:
         reader, writer = await open_tls(served.port, served.context)
         try:
             async with asyncio.timeout(20):
@@ -295,6 +325,7 @@ async def test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit(
                 held.append((reader, writer))
             await asyncio.sleep(3)
             peak_mib = rss_kib(serve.proc.pid, "VmHWM:") / 1024
+            print(f"worst-case connections: {len(held)} held, peak RSS {peak_mib:.0f} MiB")
             assert peak_mib < 256, peak_mib
     finally:
         for _, w in held:

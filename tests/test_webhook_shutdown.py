@@ -84,7 +84,9 @@ async def test_after_sigterm_keep_alive_connections_are_served_then_closed(
             conns.append((reader, writer))
             assert (await _review(reader, writer))[0] == 200
             took = await serve.exited(timeout=20)
-            assert 1.4 <= took < 1.5 + 3.0, took  # the delay, then a quick exit
+            # The delay, then a quick exit (the bound leaves room for a busy machine; it was
+            # 12.9 s before the drain was bounded).
+            assert 1.4 <= took < 1.5 + 6.0, took
             assert serve.proc.returncode == 0, serve.log()
     finally:
         for _, writer in conns:
@@ -120,7 +122,7 @@ async def test_bodies_still_arriving_when_sigterm_lands_are_answered(tmp_path: P
                 assert status == 200, answer
                 assert headers.get("connection", "").lower() == "close"
             took = await serve.exited(timeout=20)
-            assert took < 1.4 + 3.0, took
+            assert took < 1.4 + 6.0, took
             assert serve.proc.returncode == 0, serve.log()
     finally:
         for _, writer in conns:
@@ -153,7 +155,7 @@ async def test_idle_connections_close_after_the_delay_and_the_drain_is_bounded(
                 assert await closed_by_peer(reader)
             # The stuck request is cut off when drainTimeout runs out, not bodyTimeout.
             took = await serve.exited(timeout=20)
-            assert 1.4 <= took < 1.5 + 3.0, took
+            assert 1.4 <= took < 1.5 + 6.0, took
             assert serve.proc.returncode == 0, serve.log()
             assert "drain timed out" in serve.log()
     finally:
@@ -268,7 +270,7 @@ async def test_rolling_restart_under_load_fails_no_review(tmp_path: Path) -> Non
                 fleet.members = [*fleet.members, new]
                 old.terminate()
                 took = await old.exited(timeout=30)
-                assert took < 1.0 + 3.0, (took, old.log())
+                assert took < 1.0 + 6.0, (took, old.log())
                 assert old.proc.returncode == 0, old.log()
                 fleet.members = [m for m in fleet.members if m is not old]
                 await asyncio.sleep(0.5)
