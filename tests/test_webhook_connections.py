@@ -195,6 +195,13 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room(tmp_path: Path)
                 assert guard.count <= cap
                 assert guard.evicted >= 2 * cap
                 assert await closed_by_peer(held[0][0])
+                # ... and the metrics say so.
+                metrics = served.server.metrics.registry
+                assert metrics.get_sample_value("holdwarden_webhook_connections") == guard.count
+                evicted = metrics.get_sample_value(
+                    "holdwarden_webhook_connections_closed_total", {"reason": "evicted"}
+                )
+                assert evicted is not None and evicted >= 2 * cap
         finally:
             for _, w in held:
                 close_quietly(w)

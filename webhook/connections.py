@@ -261,6 +261,7 @@ class ConnectionGuard:
         self.rejected = 0
         self.idle_closed = 0
         self.header_timeouts = 0
+        self.cut_off = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None
 
@@ -413,11 +414,22 @@ class ConnectionGuard:
                 await asyncio.wait_for(changed.wait(), min(remaining, 0.1))
         return True
 
+    def closed_by_reason(self) -> dict[str, int]:
+        """What the server closed or refused so far (for metrics)."""
+        return {
+            "evicted": self.evicted,
+            "refused": self.rejected,
+            "idle": self.idle_closed,
+            "header-timeout": self.header_timeouts,
+            "drain-cut-off": self.cut_off,
+        }
+
     def abort_all(self) -> int:
         """Abort whatever is left; returns how many."""
         left = [conn for conn in self._by_handler.values() if not conn.closed]
         for conn in left:
             self._abort(conn)
+        self.cut_off += len(left)
         return len(left)
 
     async def stop(self) -> None:

@@ -41,6 +41,8 @@ AUDIT_FAILED_WRITES = "holdwarden_webhook_audit_failed_writes"
 AUDIT_REOPENS = "holdwarden_webhook_audit_reopens"
 AUDIT_ROTATIONS = "holdwarden_webhook_audit_rotations"
 CERT_RELOAD_REJECTED = "holdwarden_cert_reload_rejected"
+CONNECTIONS = "holdwarden_webhook_connections"
+CONNECTIONS_CLOSED = "holdwarden_webhook_connections_closed"
 
 
 class AuditHealth(Protocol):
@@ -88,6 +90,7 @@ class Metrics(Collector):
         self._not_after: Callable[[], datetime | None] = lambda: None
         self._cert_rejections: Callable[[], Mapping[str, int]] = dict
         self._audit: AuditHealth | None = None
+        self._connections: Callable[[], tuple[int, Mapping[str, int]]] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -98,6 +101,11 @@ class Metrics(Collector):
     def track_certificate_rejections(self, rejected: Callable[[], Mapping[str, int]]) -> None:
         """Read, at every scrape, how many pairs hot reload refused to install, by reason."""
         self._cert_rejections = rejected
+
+    def track_connections(self, read: Callable[[], tuple[int, Mapping[str, int]]]) -> None:
+        """Read, at every scrape, the TLS connections open and those the server closed,
+        by reason (webhook/connections.py)."""
+        self._connections = read
 
     def track_audit(self, audit: AuditHealth) -> None:
         """Read the audit writer's health and counters at every scrape. Its counters are
@@ -154,6 +162,20 @@ class Metrics(Collector):
         for reason, count in sorted(dict(self._cert_rejections()).items()):
             rejected.add_metric([reason], count)
         yield rejected
+        if self._connections is not None:
+            open_now, closed = self._connections()
+            yield GaugeMetricFamily(
+                CONNECTIONS, "TLS connections open on the admission port.", value=open_now
+            )
+            by_reason = CounterMetricFamily(
+                CONNECTIONS_CLOSED,
+                "Connections the server closed or refused, by reason (evicted at the cap, "
+                "refused at the cap, idle timeout, header timeout, drain).",
+                labels=("reason",),
+            )
+            for reason, count in sorted(dict(closed).items()):
+                by_reason.add_metric([reason], count)
+            yield by_reason
         audit = self._audit
         if audit is None:
             return

@@ -509,6 +509,8 @@ class EnforcerServer:
         hook = self.config.webhook
         harden_tls(tls.ssl_context, str(hook.client_ca_file) if hook.client_ca_file else None)
         self.guard.start()
+        guard = self.guard
+        self.metrics.track_connections(lambda: (guard.count, guard.closed_by_reason()))
         app = build_app(self.config, self.audit, self.metrics, self.state, guard=self.guard)
         runner = web.AppRunner(
             app,
