@@ -5,7 +5,8 @@ registered and once with only the ValidatingAdmissionPolicy bound. The corpus is
 function of its seed, so both runs (and every run) send exactly the same writes.
 
 What it covers: hold-instance values at the edges ("0", "-1", " 7", "1e3", "01", "",
-19-, 20- and 70-digit numbers, 2^63-1 and 2^63), missing and extra annotations (partial
+19-, 20-, 70- and 100,000-digit numbers, 2^63-1 and 2^63, a stored 10,000-character
+value), missing and extra annotations (partial
 holds, an unrelated annotation, P/opened), spec.suspend / spec.active true, false and
 absent, the queue label added and dropped, writers (an editor, Kueue, the supervisor),
 update, merge patch, JSON patch and server-side apply, dry runs and real writes, CREATE
@@ -42,7 +43,7 @@ EXTRA = "example.com/note"
 EDGE_INSTANCES = (
     "1", "2", "3", "4", "10", "9223372036854775806", "9223372036854775807",
     "9223372036854775808", "0", "-1", " 7", "7 ", "1e3", "01", "", "x", "+3",
-    "1000000000000000000", "9999999999999999999", "1" * 20, "1" * 70,
+    "1000000000000000000", "9999999999999999999", "1" * 20, "1" * 70, "1" * 100_000,
 )  # fmt: skip
 OLD_HOLDS: tuple[tuple[str, str | None, bool], ...] = (
     # (name, hold-instance value, the other three hold keys too)
@@ -52,6 +53,8 @@ OLD_HOLDS: tuple[tuple[str, str | None, bool], ...] = (
     ("garbled", " 7", True),
     ("partial", None, True),  # hold-reason/held-at/held-by without hold-instance
     ("bare", "5", False),  # hold-instance alone
+    # Stored garbage longer than any message shows (bigger only slows the corpus down).
+    ("huge", "7" * 10_000, True),
 )
 # name -> (user, extra group). "alice+kueue-group" is the editor with Kueue's identity as a
 # group: kueue.identities match usernames or groups, in both twins.

@@ -62,8 +62,10 @@ def _list(items: Sequence[str]) -> str:
 
 def _valid(value: str) -> str:
     """CEL: ``value`` (a string expression) is a canonical instance in [1, 2^63-1]."""
+    # The length test first: it bounds the regex's cost to 19 characters, whatever the
+    # value's size (an annotation may be up to 256 KiB; CEL charges by length).
     return (
-        f'({value}.matches("^[1-9][0-9]{{0,18}}$") '
+        f'(size({value}) <= 19 && {value}.matches("^[1-9][0-9]{{0,18}}$") '
         f"&& (size({value}) < 19 || {value} <= {_lit(MAX_INSTANCE)}))"
     )
 
@@ -115,6 +117,13 @@ def _common_variables(prefix: str) -> list[dict[str, str]]:
         {"name": "oldInst", "expression": f"variables.oldAnns[?{key}].orValue('')"},
         {"name": "newValid", "expression": f"variables.hasNew && {_valid('variables.newInst')}"},
         {"name": "oldValid", "expression": f"variables.hasOld && {_valid('variables.oldInst')}"},
+        # The new value as a message shows it: a message that fails to build (too long)
+        # would lose the rule's name, and an annotation may be up to 256 KiB.
+        {
+            "name": "newShown",
+            "expression": "size(variables.newInst) > 64 "
+            "? variables.newInst.substring(0, 64) + '...' : variables.newInst",
+        },
         # The instance at stake, as the webhook reports it: the new value, else the old.
         {
             "name": "inst",
@@ -179,10 +188,11 @@ def _rules_validations(prefix: str, kueue_identities: Sequence[str]) -> list[dic
     return [
         {
             # A new or changed value must be canonical; stored garbage does not wedge.
-            "expression": "!variables.hasNew || variables.newValid "
-            "|| (variables.hasOld && variables.oldInst == variables.newInst)",
+            "expression": "!variables.hasNew "
+            "|| (variables.hasOld && variables.oldInst == variables.newInst) "
+            "|| variables.newValid",
             "messageExpression": f"{_head(RuleId.HOLD_INSTANCE_MALFORMED)} + ': {key}=\"' + "
-            "variables.newInst + '\" is not a hold instance; write it as a decimal integer "
+            "variables.newShown + '\" is not a hold instance; write it as a decimal integer "
             '>= 1 with no sign, spaces or leading zeros (e.g. "3"), at most '
             f"{MAX_INSTANCE}, or remove the {prefix}/hold-* annotations.'",
         },
@@ -201,7 +211,7 @@ def _rules_validations(prefix: str, kueue_identities: Sequence[str]) -> list[dic
             "expression": f"request.resource.resource != {trainjobs} || !variables.hasNew "
             "|| variables.tjSuspend",
             "messageExpression": f"{_head(RuleId.HELD_TRAINJOB_SUSPENDED)} + ' is held "
-            f"({key}=' + variables.newInst + ') and this write would leave spec.suspend not "
+            f"({key}=' + variables.newShown + ') and this write would leave spec.suspend not "
             "true; a held TrainJob must stay suspended. To run it, ' + "
             f"{_release_hint(prefix)} + '.'",
         },
@@ -209,7 +219,7 @@ def _rules_validations(prefix: str, kueue_identities: Sequence[str]) -> list[dic
             "expression": f"request.resource.resource != {workloads} || !variables.hasNew "
             "|| !variables.wlActive",
             "messageExpression": f"{_head(RuleId.HELD_WORKLOAD_INACTIVE)} + ' is held "
-            f"({key}=' + variables.newInst + ') and this write would leave spec.active not "
+            f"({key}=' + variables.newShown + ') and this write would leave spec.active not "
             "false; a held Workload must stay inactive. To run it, ' + "
             f"{_release_hint(prefix)} + '.'",
         },
