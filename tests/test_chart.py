@@ -39,6 +39,10 @@ VARIANTS: dict[str, tuple[list[str], list[Path]]] = {
         ["sidecar.enabled=true", "monitoring.enabled=true"],
         [MANIFESTS / "sidecar", MANIFESTS / "monitoring"],
     ),
+    "defence-in-depth": (
+        ["policy.enabled=true", "failurePolicy=Ignore"],
+        [MANIFESTS / "defence-in-depth"],
+    ),
     "both": (
         ["monitoring.enabled=true", "readmission.enabled=true"],
         [MANIFESTS / "monitoring", MANIFESTS / "readmission"],
