@@ -30,14 +30,31 @@ if os.environ.get(OPT_IN) != "1":
     collect_ignore_glob = ["test_*.py"]
 
 
+_RSS: dict[str, tuple[int, int]] = {}
+_STARTUP: list[float] = []
+
+
 @pytest.fixture(scope="session")
 def real_cluster() -> Iterator[LocalCluster]:
     local = LocalCluster(controllers=CONTROLLERS)
     local.start()
+    _STARTUP.append(local.phase_seconds.get("controllers", 0.0))
     try:
         yield local
     finally:
+        # Read before stop(): (current, peak) RSS of each controller after the whole suite.
+        if local.controllers is not None:
+            _RSS.update(local.controllers.rss_kib())
         local.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _STARTUP:
+        terminalreporter.write_line(f"real controllers: started in {_STARTUP[0]:.1f}s")
+    for name, (current, peak) in sorted(_RSS.items()):
+        terminalreporter.write_line(
+            f"real controllers: {name} RSS {current / 1024:.0f} MiB (peak {peak / 1024:.0f} MiB)"
+        )
 
 
 @pytest.fixture
