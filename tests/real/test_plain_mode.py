@@ -19,6 +19,7 @@ from adapter.errors import PodsRemain
 from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.vocabulary import Annotations
 from tests.actors import Watcher
 from tests.k8s_objects import trainjob_body
 from tests.real.enforcer import Enforcement, enforcement
@@ -26,6 +27,8 @@ from tests.real.queues import eventually
 from tests.real.story import Objects, assert_no_false_positives, live_pod_sets, meta, with_requests
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
+
+A = Annotations()
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +67,14 @@ def test_plain_mode_hold_and_release_on_the_real_controllers(
         assert observed.state is State.HELD, observed
         assert kept in observed.leftover_pods
 
-        version = objects.trainjob()["metadata"]["resourceVersion"]
         with pytest.raises(PodsRemain):
             adapter.release(ref, meta(1))
-        assert objects.trainjob()["metadata"]["resourceVersion"] == version, "wrote anyway"
+        # Not a resourceVersion comparison: real Trainer updates the TrainJob's status at
+        # moments of its own after the suspend. What Release must not have written:
+        after = objects.trainjob()
+        assert after["spec"]["suspend"] is True, "released while pods remain"
+        assert after["metadata"]["annotations"].get(A.hold_instance) == "1"
+        assert objects.attempt() == "1"
 
         objects.let_go(kept)
         eventually(lambda: not objects.pods(), "the held execution's last pod goes")
