@@ -79,7 +79,20 @@ class ReadmissionConfig:
 
     enabled: bool = False
     controller_name: str = "holdwarden.io/readmission"
-    interval: timedelta = timedelta(seconds=1)
+    # The resync period: every gated Workload is decided again from the watch cache this
+    # often (no API request), a safety net behind the watch events.
+    interval: timedelta = timedelta(seconds=30)
+    # Only the holder of this Lease writes; the other replicas keep their caches warm.
+    # leaseNamespace "" means the Pod's namespace ($POD_NAMESPACE, else the service
+    # account's namespace file, else "default" outside a cluster).
+    leader_election: bool = True
+    lease_name: str = "holdwarden-readmission"
+    lease_namespace: str = ""
+    lease_duration: timedelta = timedelta(seconds=15)
+    renew_deadline: timedelta = timedelta(seconds=10)
+    retry_period: timedelta = timedelta(seconds=2)
+    # Server-side timeoutSeconds of each watch request; the watch resumes after it.
+    watch_timeout: timedelta = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -194,12 +207,38 @@ class Config:
         readmission = ReadmissionConfig(
             enabled=gate.pop_bool("enabled", gate_defaults.enabled),
             controller_name=gate.pop_str("controllerName", gate_defaults.controller_name),
-            interval=parse_duration(gate.pop_str("interval", "1s"), "readmission.interval"),
+            interval=parse_duration(gate.pop_str("interval", "30s"), "readmission.interval"),
+            leader_election=gate.pop_bool("leaderElection", gate_defaults.leader_election),
+            lease_name=gate.pop_str("leaseName", gate_defaults.lease_name),
+            lease_namespace=gate.pop_str("leaseNamespace", gate_defaults.lease_namespace),
+            lease_duration=parse_duration(
+                gate.pop_str("leaseDuration", "15s"), "readmission.leaseDuration"
+            ),
+            renew_deadline=parse_duration(
+                gate.pop_str("renewDeadline", "10s"), "readmission.renewDeadline"
+            ),
+            retry_period=parse_duration(
+                gate.pop_str("retryPeriod", "2s"), "readmission.retryPeriod"
+            ),
+            watch_timeout=parse_duration(
+                gate.pop_str("watchTimeout", "5m"), "readmission.watchTimeout"
+            ),
         )
         if not readmission.controller_name:
             raise ConfigError("readmission.controllerName", "must not be empty")
         if readmission.interval <= timedelta(0):
             raise ConfigError("readmission.interval", "must be longer than zero")
+        if not readmission.lease_name:
+            raise ConfigError("readmission.leaseName", "must not be empty")
+        # client-go's rules: leaseDuration > renewDeadline > 1.2 x retryPeriod > 0.
+        if readmission.retry_period <= timedelta(0):
+            raise ConfigError("readmission.retryPeriod", "must be longer than zero")
+        if readmission.renew_deadline <= readmission.retry_period * 1.2:
+            raise ConfigError("readmission.renewDeadline", "must be longer than 1.2 x retryPeriod")
+        if readmission.lease_duration <= readmission.renew_deadline:
+            raise ConfigError("readmission.leaseDuration", "must be longer than renewDeadline")
+        if readmission.watch_timeout < timedelta(seconds=1):
+            raise ConfigError("readmission.watchTimeout", "must be at least 1s")
         gate.finish()
         root.finish()
         return cls(

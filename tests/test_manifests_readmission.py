@@ -32,14 +32,19 @@ def test_component_lists_its_files_and_enables_the_gate() -> None:
 
 
 def test_role_grants_what_the_gate_is_tested_with() -> None:
-    role = next(d for d in _docs("rbac.yaml") if d["kind"] == "ClusterRole")
+    # The ClusterRole, and the Role for its Lease (narrowed to one name where RBAC can).
+    roles = [d for d in _docs("rbac.yaml") if d["kind"] in ("ClusterRole", "Role")]
     granted = {
         (group, resource, verb)
+        for role in roles
         for rule in role["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
+    lease_role = next(d for d in roles if d["kind"] == "Role")
+    named = [r for r in lease_role["rules"] if r.get("resourceNames")]
+    assert named and named[0]["resourceNames"] == [Config().readmission.lease_name]
     tested = next(i for i in IDENTITY_RBAC if i.user == ENFORCER_IDENTITY)
     used = {
         (group, resource, verb)
@@ -54,11 +59,21 @@ def test_role_grants_what_the_gate_is_tested_with() -> None:
 def test_apiserver_accepts_the_component_strictly(
     cluster: LocalCluster, admin_client: k8s.ApiClient
 ) -> None:
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
     paths = {
-        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "ClusterRole": f"{rbac}/clusterroles",
+        "ClusterRoleBinding": f"{rbac}/clusterrolebindings",
+        "Role": f"{rbac}/namespaces/holdwarden-system/roles",
+        "RoleBinding": f"{rbac}/namespaces/holdwarden-system/rolebindings",
         "AdmissionCheck": "/apis/kueue.x-k8s.io/v1beta2/admissionchecks",
     }
+    try:  # the install namespace, for the Lease's Role (other tests may have made it)
+        k8s.CoreV1Api(admin_client).create_namespace(
+            k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="holdwarden-system"))
+        )
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
     for name in ("rbac.yaml", "admissioncheck.yaml"):
         for doc in _docs(name):
             response = admin_client.call_api(

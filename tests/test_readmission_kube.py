@@ -52,15 +52,25 @@ def check_name(admin_client: k8s.ApiClient) -> str:
     return name
 
 
+def gate_config(check_name: str, **readmission: Any) -> Config:
+    """A gate serving ``check_name`` with a Lease of its own and short lease timings."""
+    settings: dict[str, Any] = {
+        "enabled": True,
+        "controller_name": f"holdwarden.io/{check_name}",
+        "interval": timedelta(milliseconds=100),
+        "lease_name": f"lease-{check_name}",
+        "lease_namespace": "default",
+        "lease_duration": timedelta(seconds=3),
+        "renew_deadline": timedelta(seconds=2),
+        "retry_period": timedelta(milliseconds=500),
+        "watch_timeout": timedelta(seconds=30),
+    }
+    settings.update(readmission)
+    return Config(readmission=ReadmissionConfig(**settings))
+
+
 def _gate(cluster: LocalCluster, check_name: str) -> ReadmissionGate:
-    config = Config(
-        readmission=ReadmissionConfig(
-            enabled=True,
-            controller_name=f"holdwarden.io/{check_name}",
-            interval=timedelta(milliseconds=100),
-        )
-    )
-    return ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+    return ReadmissionGate(gate_config(check_name), cluster.api_client(ENFORCER_IDENTITY))
 
 
 class Objects:
@@ -210,17 +220,29 @@ def test_gate_keeps_a_held_workload_pending_and_counts_the_next_attempt(
     assert objects.trainjob()["metadata"]["annotations"][NOTES.attempt] == "4"
 
 
-def test_gate_thread_runs_passes_until_stopped(cluster: LocalCluster, check_name: str) -> None:
+def test_gate_thread_leads_resyncs_and_stops_promptly(
+    cluster: LocalCluster, check_name: str, admin_client: k8s.ApiClient
+) -> None:
+    """Started, the gate fills its caches, takes its Lease, resyncs every interval; stopped,
+    it releases the Lease (holder emptied) and every thread ends within the bound."""
     gate = _gate(cluster, check_name)
     gate.start()
     try:
-        deadline = time.monotonic() + 10
-        while gate.passes < 3 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20
+        while not (gate.passes >= 3 and gate.may_write()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert gate.synced() and gate.may_write(), "no cache sync or no lease within 20s"
+        assert gate.passes >= 3
     finally:
-        gate.stop()
-    assert gate.passes >= 3
+        started = time.monotonic()
+        gate.stop(timeout=5)
+        stopped_in = time.monotonic() - started
     assert gate.errors == 0
+    assert stopped_in < 15, f"stop took {stopped_in:.1f}s"
+    lease = k8s.CoordinationV1Api(admin_client).read_namespaced_lease(
+        f"lease-{check_name}", "default"
+    )
+    assert lease.spec is not None and not lease.spec.holder_identity, "the lease was not released"
 
 
 def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(

@@ -621,7 +621,7 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
     """
     server = EnforcerServer(config)
     await server.start()
-    gate = _start_readmission_gate(config)
+    gate = _start_readmission_gate(config, server.metrics.registry)
     try:
         if until is not None:
             await until()
@@ -642,15 +642,15 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
         await server.stop()
 
 
-def _start_readmission_gate(config: Config) -> Any:
+def _start_readmission_gate(config: Config, registry: Any) -> Any:
+    """Start the gate, its metrics in the enforcer's registry (one ``/metrics`` for both)."""
     if not config.readmission.enabled:
         return None
     from holdwarden.kubeclient import api_client
     from webhook.readmission_controller import ReadmissionGate
 
-    gate = ReadmissionGate(config, api_client())
+    gate = ReadmissionGate(config, api_client(), registry=registry)
     gate.start()
-    log.info(
-        "readmission gate started", extra={"fields": {"interval": str(config.readmission.interval)}}
-    )
+    fields = {"interval": str(config.readmission.interval), "identity": gate.identity}
+    log.info("readmission gate started", extra={"fields": fields})
     return gate

@@ -100,6 +100,8 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
             Rule((_KUEUE,), ("admissionchecks",), _READ),
             Rule((_KUEUE,), ("admissionchecks/status",), ("get", "update")),
             Rule(("",), ("pods",), _READ),
+            # The gate's leader election (manifests/readmission: a Role in its namespace).
+            Rule(("coordination.k8s.io",), ("leases",), ("get", "create", "update")),
         ),
     ),
     IdentityRBAC(

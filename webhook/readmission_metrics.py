@@ -1,0 +1,90 @@
+"""Prometheus metrics of the readmission gate.
+
+The gate runs in threads, so these are prometheus_client's own (locked) metrics, not the
+enforcer's event-loop-only bookkeeping (webhook/metrics.py). They are registered in the
+registry given, ``holdwarden serve`` passes the enforcer's, so one ``/metrics`` shows
+both; by default each gate gets a registry of its own, so tests and several gates in one
+process never collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+QUEUE_DEPTH = "holdwarden_readmission_queue_depth"
+RECONCILES = "holdwarden_readmission_reconciles"
+DECISION_SECONDS = "holdwarden_readmission_decision_duration_seconds"
+LEADER = "holdwarden_readmission_leader"
+REQUEST_ERRORS = "holdwarden_readmission_request_errors"
+WATCH_RESTARTS = "holdwarden_readmission_watch_restarts"
+CACHED_OBJECTS = "holdwarden_readmission_cached_objects"
+
+# A decision from the cache takes microseconds; one that grants re-reads the TrainJob and
+# its pods and writes twice (tens of milliseconds on a healthy apiserver).
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+OUTCOMES = (
+    "nothing",
+    "keep-pending",
+    "mark-ready",
+    "raise-attempt",
+    "keep-active",
+    "conflict",
+    "not-found",
+    "follower",
+    "error",
+)
+"""``reconciles`` label ``outcome``: the action applied last for the key (GateAction
+values, ``keep-active`` for an AdmissionCheck's condition), or why nothing was applied (a
+409, a 404, not the leader, another error)."""
+
+
+class GateMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge(
+            QUEUE_DEPTH, "Workload and AdmissionCheck keys waiting to be decided.", registry=r
+        )
+        self.reconciles = Counter(
+            RECONCILES,
+            "Keys decided, by outcome (the action applied, or why none was).",
+            ("outcome",),
+            registry=r,
+        )
+        self.decision_seconds = Histogram(
+            DECISION_SECONDS,
+            "Time to decide one key and apply its writes (from the cache, plus the fresh "
+            "reads and writes of a grant).",
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.leader = Gauge(LEADER, "1 while this replica holds the gate's Lease.", registry=r)
+        self.request_errors = Counter(
+            REQUEST_ERRORS,
+            "API requests of the gate that failed, by operation and HTTP status (0: no answer).",
+            ("operation", "code"),
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            WATCH_RESTARTS,
+            "Relists of an informer, by resource and reason (expired: 410 Gone; error).",
+            ("resource", "reason"),
+            registry=r,
+        )
+        self.cached = Gauge(
+            CACHED_OBJECTS, "Objects in the gate's cache, by resource.", ("resource",), registry=r
+        )
+        for outcome in OUTCOMES:
+            self.reconciles.labels(outcome)  # present at zero from the start
+
+    def track_queue(self, depth: Callable[[], int]) -> None:
+        self.queue_depth.set_function(lambda: float(depth()))
+
+    def track_cache(self, resource: str, size: Callable[[], int]) -> None:
+        self.cached.labels(resource).set_function(lambda: float(size()))
+
+    def track_leader(self, leading: Callable[[], bool]) -> None:
+        self.leader.set_function(lambda: 1.0 if leading() else 0.0)
