@@ -189,7 +189,10 @@ class Informer:
         self._transform = transform
         self._on_restart = on_restart
         self._max_backoff = max_backoff
-        self._watch = watch.Watch()
+        # return_type=object: events carry the JSON dicts as sent (no model building).
+        # Not deserialize=False: with it the client fails on an ERROR event (410 included)
+        # with a KeyError instead of raising ApiException (kubernetes 37.0.2).
+        self._watch = watch.Watch(return_type=object)
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()
         self.stats = InformerStats()
@@ -274,13 +277,13 @@ class Informer:
                 # Connect like any request; a read may wait for the whole server-side
                 # timeout (plus slack), after which the server has ended the watch anyway.
                 _request_timeout=(self._request_timeout, self._watch_timeout + 15),
-                deserialize=False,
             )
             for event in stream:
                 if self._stop.is_set():
                     self._watch.stop()
                     break
-                self._apply(event)
+                if isinstance(event, dict):  # the client yields None for a blank line
+                    self._apply(event)
         except ApiException as exc:
             if exc.status == _GONE:
                 self.stats.expired += 1
@@ -297,7 +300,7 @@ class Informer:
 
     def _apply(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
-        obj = event.get("object")
+        obj = event.get("raw_object", event.get("object"))
         if not isinstance(obj, dict):
             return
         if kind == "ERROR":
