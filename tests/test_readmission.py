@@ -183,3 +183,24 @@ def test_ready_only_when_nothing_stands_in_the_way(
         granted = granted_attempt(decision.workload["status"]["admissionChecks"][1]["message"])
         recorded = int(attempt) if attempt else 0
         assert granted == recorded + 1
+
+
+def test_messages_name_the_workload_generation_they_were_decided_on() -> None:
+    """Kueue's check entry has no observedGeneration field; the message carries it, and a
+    new generation (a hold, a release) gets the message written afresh."""
+    wl = workload()
+    wl["metadata"]["generation"] = 7
+    waiting = decide(wl, trainjob(), pods=1)
+    assert waiting.action is GateAction.KEEP_PENDING
+    message = waiting.workload["status"]["admissionChecks"][1]["message"]
+    assert message.endswith(" remain (observedGeneration 7)")
+    assert decide(waiting.workload, trainjob(), pods=1).action is GateAction.NOTHING
+    newer = copy.deepcopy(waiting.workload)
+    newer["metadata"]["generation"] = 8
+    assert decide(newer, trainjob(), pods=1).action is GateAction.KEEP_PENDING
+    ready = decide(newer, trainjob(attempt="2"))
+    entry = ready.workload["status"]["admissionChecks"][1]
+    assert entry["message"] == "holdwarden: attempt 3 admitted (observedGeneration 8)"
+    assert granted_attempt(entry["message"]) == 3
+    assert granted_attempt("holdwarden: attempt 3 admitted") == 3  # written before the suffix
+    assert granted_attempt("holdwarden: attempt 3 admitted (observedGeneration x)") is None

@@ -34,8 +34,21 @@ from holdwarden.vocabulary import Annotations, parse_hold_instance
 Obj = Mapping[str, Any]
 
 # The number is parsed by the one shared parser, so a granted attempt obeys the same int64
-# bound as every hold instance and P/attempt (vocabulary.MAX_HOLD_INSTANCE).
-_GRANTED_RE = re.compile(r"holdwarden: attempt ([0-9]+) admitted")
+# bound as every hold instance and P/attempt (vocabulary.MAX_HOLD_INSTANCE). The suffix is
+# optional: messages written before it existed still record their grant.
+_GRANTED_RE = re.compile(
+    r"holdwarden: attempt ([0-9]+) admitted(?: \(observedGeneration [0-9]+\))?"
+)
+
+
+def _observed(workload: Obj) -> str:
+    """`` (observedGeneration N)``: the Workload generation a message was decided on.
+
+    Kueue's ``admissionChecks[]`` entry has no observedGeneration field (the CRD prunes
+    unknown fields), so the gate says it in the one field it may write, the message.
+    """
+    generation = objects.section(workload, "metadata").get("generation")
+    return f" (observedGeneration {generation})" if type(generation) is int else ""
 
 
 class GateAction(StrEnum):
@@ -141,7 +154,7 @@ def decide_readmission(
     updated = copy.deepcopy(dict(workload))
     entry = updated["status"]["admissionChecks"][index]
     if waiting is not None:
-        message = f"holdwarden: waiting: {waiting}"
+        message = f"holdwarden: waiting: {waiting}{_observed(workload)}"
         if check.get("message") == message:
             return GateDecision(GateAction.NOTHING, waiting)
         entry["message"] = message
@@ -149,6 +162,6 @@ def decide_readmission(
     assert trainjob is not None  # why_waiting returns a reason when it is None
     attempt = (objects.attempt(trainjob, annotations) or 0) + 1  # why_waiting: not garbled
     entry["state"] = "Ready"
-    entry["message"] = f"holdwarden: attempt {attempt} admitted"
+    entry["message"] = f"holdwarden: attempt {attempt} admitted{_observed(workload)}"
     entry["lastTransitionTime"] = objects.format_time(now)
     return GateDecision(GateAction.MARK_READY, f"admit attempt {attempt}", workload=updated)
