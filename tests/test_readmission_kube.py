@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -374,6 +375,12 @@ def test_holdwarden_serve_runs_the_gate_when_enabled(
             assert time.monotonic() < deadline, "serve's gate never marked the check Ready"
             time.sleep(0.1)
         assert granted_attempt(objects.check(check_name)["message"]) == 1
+        # The gate's metrics are on the enforcer's /metrics.
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=10) as got:
+            scraped = got.read().decode()
+        assert "holdwarden_readmission_leader 1.0" in scraped
+        assert 'holdwarden_readmission_reconciles_total{outcome="mark-ready"} 1.0' in scraped
+        assert "holdwarden_webhook_reviews_total" in scraped
     finally:
         server.terminate()
         output = server.communicate(timeout=15)[0].decode()

@@ -494,7 +494,10 @@ class ReadmissionGate:
             if not as_leader and not self.may_write():
                 return "follower"
             workload, trainjob = self._apply(decision, workload, trainjob)
-            outcome = decision.action.value
+            if outcome == "nothing":
+                # The first write names the outcome: a grant is "mark-ready" even though
+                # the A it records is raised in the same reconcile.
+                outcome = decision.action.value
             self.applied[decision.action] += 1
             log.info(
                 "readmission %s",

@@ -36,7 +36,7 @@ OUTCOMES = (
     "follower",
     "error",
 )
-"""``reconciles`` label ``outcome``: the action applied last for the key (GateAction
+"""``reconciles`` label ``outcome``: the first action applied for the key (GateAction
 values, ``keep-active`` for an AdmissionCheck's condition), or why nothing was applied (a
 409, a 404, not the leader, another error)."""
 
