@@ -14,7 +14,12 @@ from typing import Any
 
 import yaml
 
-from holdwarden.vocabulary import DEFAULT_ANNOTATION_PREFIX, DEFAULT_KUEUE_IDENTITIES, Mode
+from holdwarden.vocabulary import (
+    DEFAULT_ANNOTATION_PREFIX,
+    DEFAULT_KUEUE_IDENTITIES,
+    DEFAULT_WORKLOAD_DELETERS,
+    Mode,
+)
 
 _DURATION_RE = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
 # A DNS subdomain, as Kubernetes requires of an annotation key's prefix.
@@ -71,6 +76,8 @@ class WebhookConfig:
     # hold-owner-only: the users, groups and service accounts (as their usernames,
     # system:serviceaccount:NS:NAME) that may change the hold annotations. Empty: rule off.
     holder_identities: tuple[str, ...] = ()
+    # held-workload-kept: the identities that may delete a held Workload.
+    workload_deleters: tuple[str, ...] = DEFAULT_WORKLOAD_DELETERS
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,7 @@ class Config:
         if not 1 <= audit_max_files <= 1000:
             raise ConfigError("webhook.auditMaxFiles", "must be from 1 to 1000")
         holder_identities = hook.pop_str_list("holderIdentities", [])
+        workload_deleters = hook.pop_str_list("workloadDeleters", list(DEFAULT_WORKLOAD_DELETERS))
         webhook = WebhookConfig(
             listen_address=_address(
                 hook.pop_str("listenAddress", defaults.listen_address), "webhook.listenAddress"
@@ -200,6 +208,7 @@ class Config:
             audit_max_bytes=audit_max_bytes,
             audit_max_files=audit_max_files,
             holder_identities=tuple(holder_identities),
+            workload_deleters=tuple(workload_deleters),
         )
         hook.finish()
         gate = root.pop_section("readmission")

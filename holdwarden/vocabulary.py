@@ -105,6 +105,8 @@ class RuleId(StrEnum):
     HOLD_INSTANCE_MALFORMED = "hold-instance-malformed"
     # Optional: on only when ``webhook.holderIdentities`` is set (policy: its own object).
     HOLD_OWNER_ONLY = "hold-owner-only"
+    # DELETE of a held Workload: Kueue would make a fresh, active one and run the job.
+    HELD_WORKLOAD_KEPT = "held-workload-kept"
 
 
 # hold-owner-only's break-glass: members of this group may always change a hold. It is the
@@ -112,6 +114,16 @@ class RuleId(StrEnum):
 # admin nothing they could not do anyway (delete the webhook or the policy), but lets them
 # fix a wedged hold without doing that (docs/policy.md, "Break-glass").
 BREAK_GLASS_GROUP = "system:masters"
+
+# Who may delete a held Workload (held-workload-kept): the garbage collector, once its
+# TrainJob is gone, and the namespace controller, once its namespace is. With
+# --use-service-account-credentials each kube-controller-manager controller has its own
+# service account; without it they all act as system:kube-controller-manager.
+DEFAULT_WORKLOAD_DELETERS: tuple[str, ...] = (
+    "system:serviceaccount:kube-system:generic-garbage-collector",
+    "system:serviceaccount:kube-system:namespace-controller",
+    "system:kube-controller-manager",
+)
 
 
 # Kueue's Evicted condition reason for its own deactivations is "DeactivatedDueTo<Cause>";

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from holdwarden.config import Config, ConfigError, parse_duration
-from holdwarden.vocabulary import DEFAULT_KUEUE_IDENTITIES
+from holdwarden.vocabulary import DEFAULT_KUEUE_IDENTITIES, DEFAULT_WORKLOAD_DELETERS
 
 
 def test_empty_file_gives_the_documented_defaults(tmp_path: Path) -> None:
@@ -24,6 +24,7 @@ def test_empty_file_gives_the_documented_defaults(tmp_path: Path) -> None:
     assert config.apiserver_request_timeout == timedelta(seconds=60)
     assert config.kueue_identities == DEFAULT_KUEUE_IDENTITIES
     assert config.readmission.enabled is False
+    assert config.webhook.workload_deleters == DEFAULT_WORKLOAD_DELETERS
 
 
 def test_every_key_is_read() -> None:
@@ -40,6 +41,7 @@ def test_every_key_is_read() -> None:
                 "auditLog": "/audit.jsonl",
                 "metricsAddress": "127.0.0.1:8080",
                 "maxBodyBytes": 4096,
+                "workloadDeleters": ["system:serviceaccount:ops:cleaner"],
             },
             "readmission": {"enabled": True, "controllerName": "x.io/gate", "interval": "250ms"},
         }
@@ -54,6 +56,7 @@ def test_every_key_is_read() -> None:
     assert config.webhook.audit_log == Path("/audit.jsonl")
     assert config.webhook.metrics_address == "127.0.0.1:8080"
     assert config.webhook.max_body_bytes == 4096
+    assert config.webhook.workload_deleters == ("system:serviceaccount:ops:cleaner",)
     assert config.readmission.enabled is True
     assert config.readmission.controller_name == "x.io/gate"
     assert config.readmission.interval == timedelta(milliseconds=250)
@@ -78,6 +81,8 @@ def test_every_key_is_read() -> None:
         ({"webhook": {"maxBodyBytes": 10}}, "webhook.maxBodyBytes"),
         ({"webhook": {"maxBodyBytes": True}}, "webhook.maxBodyBytes"),
         ({"webhook": {"tls": {}}}, "webhook.tls"),
+        ({"webhook": {"workloadDeleters": "gc"}}, "webhook.workloadDeleters"),
+        ({"webhook": {"workloadDeleters": [""]}}, "webhook.workloadDeleters"),
         ({"readmission": {"enabled": "yes"}}, "readmission.enabled"),
         ({"readmission": {"interval": "0s"}}, "readmission.interval"),
         ({"readmission": {"controllerName": ""}}, "readmission.controllerName"),

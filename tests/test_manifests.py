@@ -113,8 +113,17 @@ def test_webhook_configuration_matches_the_contract() -> None:
     }
     for rule in hook["rules"]:
         assert len(rule["apiGroups"]) == len(rule["apiVersions"]) == len(rule["resources"]) == 1
-        # CREATE and UPDATE (docs/enforcer.md); never the status subresource, never DELETE.
-        assert rule["operations"] == ["CREATE", "UPDATE"]
+        # CREATE and UPDATE (docs/enforcer.md); DELETE for Workloads only (held-workload-kept);
+        # never the status subresource.
+        expected = (
+            ["CREATE", "UPDATE", "DELETE"]
+            if rule["resources"] == ["workloads"]
+            else [
+                "CREATE",
+                "UPDATE",
+            ]
+        )
+        assert rule["operations"] == expected
         assert all("/" not in r and "*" not in r for r in rule["resources"])
         assert rule["scope"] == "Namespaced"
 

@@ -35,6 +35,7 @@ def test_rule_ids_are_the_published_ones() -> None:
         "hold-instance-monotonic",
         "hold-instance-malformed",
         "hold-owner-only",
+        "held-workload-kept",
     }
 
 

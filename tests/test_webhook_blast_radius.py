@@ -302,7 +302,7 @@ def _judge(write: Write, old: dict[str, Any] | None, new: Any) -> tuple[str, boo
     )
     if write.status:
         return "not judged (status)", False
-    if write.operation == "DELETE":
+    if write.operation == "DELETE" and write.kind == TRAINJOB.kind:
         return "not judged (DELETE)", False
     assert skip_reason(change) is None, skip_reason(change)
     violation = evaluate(change, RULES)
@@ -564,7 +564,7 @@ def _table_writes(ns: str, objects: dict[str, dict[str, Any]]) -> list[Write]:
               {"metadata": {"labels": {"team": "a"}}}, sent=True),
         Write("held Workload status (evicted)", KUEUE, wl, ns, "wl-held", "UPDATE",
               {"status": {"conditions": [_condition("Evicted")]}}, status=True),
-        Write("delete a held Workload", ALICE, wl, ns, "wl-held", "DELETE"),
+        Write("delete a held Workload", ALICE, wl, ns, "wl-held", "DELETE", sent=True),
         # -- namespaces the selector leaves out
         Write("unsuspend a held TrainJob in kube-system", ALICE, tj, "kube-system",
               name("kube-system"), "UPDATE", {"spec": {"suspend": False}}),
@@ -654,9 +654,11 @@ def test_blast_radius_with_the_enforcer_down(
     breaking = [o for o in selected if o.rules_refuse]
     assert len(breaking) >= 9 and all(o.refused_down for o in breaking)
     # Sent means: a judged write (CREATE or UPDATE, no sub-resource) with a hold on the old
-    # or new object, or the kueue-owns-suspend case. Status writes and DELETE never are.
+    # or new object, or the kueue-owns-suspend case. Status writes and a TrainJob's DELETE
+    # never are; a Workload's DELETE is when it is held (held-workload-kept).
     for o in selected:
-        judged = not (o.write.status or o.write.operation == "DELETE")
+        trainjob_delete = o.write.operation == "DELETE" and o.write.kind == TRAINJOB.kind
+        judged = not (o.write.status or trainjob_delete)
         expected = judged and (o.hold_on_object or o.rules_refuse)
         assert o.refused_down == expected, o.write.what
     # kube-system and holdwarden's namespace are not judged at all, even hold-breaking writes.

@@ -36,7 +36,7 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from tests.k8s_objects import trainjob_body, workload_body
-from tests.shipped_webhook import shipped_match_conditions
+from tests.shipped_webhook import shipped_match_conditions, shipped_webhook
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
 
@@ -120,13 +120,18 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
     server, stop = _serve_in_thread(config, ReloadingTLS(work / "tls.crt", work / "tls.key"))
     token = uuid.uuid4().hex[:12]
     vwc_name = f"holdwarden-e2e-{token}"
-    rule = {
-        "apiGroups": [TRAINJOB.group, WORKLOAD.group],
-        "apiVersions": ["*"],
-        "operations": ["CREATE", "UPDATE"],
-        "resources": [TRAINJOB.plural, WORKLOAD.plural],
-        "scope": "Namespaced",
-    }
+    # The shipped operations per resource (manifests/webhook.yaml): DELETE for Workloads.
+    operations = {str(r["resources"][0]): list(r["operations"]) for r in shipped_webhook()["rules"]}
+    rules = [
+        {
+            "apiGroups": [coords.group],
+            "apiVersions": ["*"],
+            "operations": operations[coords.plural],
+            "resources": [coords.plural],
+            "scope": "Namespaced",
+        }
+        for coords in (TRAINJOB, WORKLOAD)
+    ]
     body: Any = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -142,7 +147,7 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
                     "url": f"https://127.0.0.1:{server.port}/validate",
                     "caBundle": base64.b64encode(ca.cert_pem).decode(),
                 },
-                "rules": [rule],
+                "rules": rules,
                 "namespaceSelector": {"matchLabels": {E2E_LABEL: token}},
                 # What ships: the apiserver sends only the writes that could break a hold.
                 "matchConditions": shipped_match_conditions(),
@@ -685,3 +690,45 @@ def test_adapter_preflight_detects_the_real_enforcer(
         probes = [line for line in enforcer.audit() if line["namespace"] == guarded]
         assert probes and all(line["dryRun"] is True for line in probes)
         assert {line["rule"] for line in probes} == {rule}
+
+
+def test_deleting_a_held_workload_is_refused_but_the_garbage_collector_may(
+    enforcer: Enforcer, cluster: LocalCluster, admin_client: k8s.ApiClient,
+    editor_client: k8s.ApiClient,
+) -> None:  # fmt: skip
+    """A held Workload deleted would be replaced by Kueue with a fresh, active one that runs
+    the job: the hold lost with nobody lifting it. Only the garbage collector (its TrainJob
+    is gone) and the namespace controller may delete it."""
+    ns = enforcer.namespace()
+    job = create(admin_client, ns, trainjob_body("kjob", queue="user-queue", suspend=True))
+    wl_body = workload_body("kjob-wl", trainjob=job, active=False)
+    wl_body["metadata"]["annotations"] = hold_annotations("2")
+    wl = create(admin_client, ns, wl_body)
+    name = wl["metadata"]["name"]
+
+    def delete(api: k8s.ApiClient, dry: bool) -> object:
+        return k8s.CustomObjectsApi(api).delete_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, ns, WORKLOAD.plural, name,
+            dry_run="All" if dry else None,
+        )  # fmt: skip
+
+    for dry in (True, False):
+        before = len(enforcer.audit())
+        message = refused(partial(delete, editor_client, dry), "held-workload-kept")
+        assert f"holdwarden release {ns}/kjob --instance 2" in message
+        line = enforcer.audit()[before:][0]
+        assert (line["operation"], line["dryRun"], line["instance"]) == ("DELETE", dry, "2")
+    assert get(admin_client, WORKLOAD.kind, ns, name)["metadata"]["uid"] == wl["metadata"]["uid"]
+    # An unheld Workload is deleted without a call (matchConditions) and without a refusal.
+    plain = create(admin_client, ns, workload_body("plain-wl", trainjob=job))
+    calls = len(enforcer.audit())
+    k8s.CustomObjectsApi(editor_client).delete_namespaced_custom_object(
+        WORKLOAD.group, WORKLOAD.version, ns, WORKLOAD.plural, plain["metadata"]["name"]
+    )
+    assert len(enforcer.audit()) == calls
+    gc = "system:serviceaccount:kube-system:generic-garbage-collector"
+    with cluster.api_client(gc, groups=("system:masters",)) as collector:
+        delete(collector, False)
+    with pytest.raises(ApiException) as gone:
+        get(admin_client, WORKLOAD.kind, ns, name)
+    assert gone.value.status == 404

@@ -543,3 +543,54 @@ def test_hold_owner_only_runs_last_and_only_with_holders() -> None:
         Config.from_dict({"webhook": {"holderIdentities": [SUPERVISOR]}})
     )
     assert config.holder_identities == frozenset({SUPERVISOR})
+
+
+# --- held-workload-kept (DELETE) ----------------------------------------------------------
+
+GC = "system:serviceaccount:kube-system:generic-garbage-collector"
+NS_CONTROLLER = "system:serviceaccount:kube-system:namespace-controller"
+
+
+@pytest.mark.parametrize(
+    ("instance", "user", "refused"),
+    [
+        pytest.param("3", "alice", True, id="held-by-a-user"),
+        pytest.param("3", KUEUE, True, id="held-by-kueue"),
+        pytest.param("x", "alice", True, id="garbled-hold-is-a-hold"),
+        pytest.param("3", GC, False, id="held-by-the-garbage-collector"),
+        pytest.param("3", NS_CONTROLLER, False, id="held-by-the-namespace-controller"),
+        pytest.param("3", "system:kube-controller-manager", False, id="held-by-kcm"),
+        pytest.param(ABSENT, "alice", False, id="not-held"),
+    ],
+)
+def test_held_workload_kept_refuses_deleting_a_held_workload(
+    instance: Any, user: str, refused: bool
+) -> None:
+    """Deleting a held Workload drops the hold: Kueue makes a fresh, active one and runs
+    the job. Only the garbage collector and the namespace controller may."""
+    change = workload(
+        obj(active=False, instance=instance, owner="job"), None, user=user, operation="DELETE"
+    )
+    got = evaluate(change, CONFIG)
+    assert (got is not None) is refused
+    if got is not None:
+        assert got.rule is RuleId.HELD_WORKLOAD_KEPT
+        assert "holdwarden release ns/job" in got.message
+        assert "delete the TrainJob itself" in got.message
+    # The other rules never judge a DELETE, whatever the old object says.
+    assert [v.rule for v in violations(change, CONFIG)] == (
+        [RuleId.HELD_WORKLOAD_KEPT] if refused else []
+    )
+
+
+def test_deleting_a_trainjob_is_not_judged() -> None:
+    change = trainjob(obj(suspend=False, instance="3", queue=True), None, operation="DELETE")
+    assert skip_reason(change) is not None
+    assert evaluate(change, CONFIG) is None
+
+
+def test_workload_deleters_are_configurable() -> None:
+    only_gc = RulesConfig(A, frozenset({KUEUE}), workload_deleters=frozenset({GC}))
+    change = workload(obj(instance="3"), None, user=NS_CONTROLLER, operation="DELETE")
+    assert evaluate(change, only_gc) is not None
+    assert evaluate(change, CONFIG) is None

@@ -53,6 +53,7 @@ from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     BREAK_GLASS_GROUP,
+    DEFAULT_WORKLOAD_DELETERS,
     MAX_HOLD_INSTANCE,
     QUEUE_NAME_LABEL,
     TRAINJOB,
@@ -62,7 +63,7 @@ from holdwarden.vocabulary import (
     parse_hold_instance,
 )
 
-JUDGED_OPERATIONS = frozenset({"CREATE", "UPDATE"})
+JUDGED_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,8 @@ class RulesConfig:
     kueue_identities: frozenset[str]
     # hold-owner-only is on when this is not empty (``webhook.holderIdentities``).
     holder_identities: frozenset[str] = frozenset()
+    # held-workload-kept: who may delete a held Workload (``webhook.workloadDeleters``).
+    workload_deleters: frozenset[str] = frozenset(DEFAULT_WORKLOAD_DELETERS)
     # The hold-instance key, spelled once (``Annotations`` builds it on every access).
     hold_key: str = field(init=False, repr=False, compare=False)
 
@@ -85,6 +88,7 @@ class RulesConfig:
             Annotations(config.annotation_prefix),
             frozenset(config.kueue_identities),
             frozenset(config.webhook.holder_identities),
+            frozenset(config.webhook.workload_deleters),
         )
 
 
@@ -147,6 +151,12 @@ def skip_reason(change: Change) -> str | None:
         return f"sub-resource {change.subresource!r} is not judged"
     if change.operation not in JUDGED_OPERATIONS:
         return f"operation {change.operation!r} is not judged"
+    if change.operation == "DELETE":
+        if not change.is_workload:
+            return "DELETE is not judged for TrainJobs (only a held Workload's is)"
+        if change.old is None:
+            return "DELETE carries no old object"
+        return None
     if change.new is None:
         return "request carries no object"
     return None
@@ -340,6 +350,37 @@ def hold_owner_only(change: Change, config: RulesConfig) -> Violation | None:
 
 Rule = Callable[[Change, RulesConfig], "Violation | None"]
 
+
+def held_workload_kept(change: Change, config: RulesConfig) -> Violation | None:
+    """A Workload carrying ``P/hold-instance`` may be deleted only by
+    ``webhook.workloadDeleters`` (the garbage collector, the namespace controller).
+
+    Why: Kueue gives every queued TrainJob a Workload. Delete the held one and Kueue makes
+    a fresh one, active and without the hold, and admits the job: the hold is gone without
+    anyone lifting it. The garbage collector deletes it only once its TrainJob is gone, and
+    the namespace controller only with its namespace; then there is nothing left to run.
+    """
+    if change.operation != "DELETE" or not change.is_workload:
+        return None
+    instance = objects.hold_instance_text(change.old, config.hold_key)
+    if instance is None:
+        return None
+    ids = config.workload_deleters
+    if change.username in ids or any(group in ids for group in change.groups):
+        return None
+    rule = RuleId.HELD_WORKLOAD_KEPT
+    return Violation(
+        rule,
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}); "
+        f"deleting it would drop the hold, since Kueue would create a new, active Workload "
+        f"for its TrainJob and run it. To delete it, {_release_hint(change, config, instance)}"
+        f"; or delete the TrainJob itself (its Workload goes with it).",
+        instance,
+    )
+
+
+# CREATE and UPDATE: these, in this order. DELETE: DELETE_RULE_ORDER only (the others read
+# the new object, which a DELETE does not have).
 RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
     (RuleId.HOLD_INSTANCE_MALFORMED, hold_instance_malformed),
     (RuleId.HOLD_INSTANCE_MONOTONIC, hold_instance_monotonic),
@@ -350,12 +391,21 @@ RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
 )
 
 
+DELETE_RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
+    (RuleId.HELD_WORKLOAD_KEPT, held_workload_kept),
+)
+
+
+def _rules_for(change: Change) -> tuple[tuple[RuleId, Rule], ...]:
+    return DELETE_RULE_ORDER if change.operation == "DELETE" else RULE_ORDER
+
+
 def violations(change: Change, config: RulesConfig) -> list[Violation]:
     """Every violation, in ``RULE_ORDER``; empty for a request that is not judged."""
     if skip_reason(change) is not None:
         return []
     found = []
-    for _, rule in RULE_ORDER:
+    for _, rule in _rules_for(change):
         violation = rule(change, config)
         if violation is not None:
             found.append(violation)
@@ -366,7 +416,7 @@ def evaluate(change: Change, config: RulesConfig) -> Violation | None:
     """The first violation in ``RULE_ORDER``, or None when the write is allowed."""
     if skip_reason(change) is not None:
         return None
-    for _, rule in RULE_ORDER:
+    for _, rule in _rules_for(change):
         violation = rule(change, config)
         if violation is not None:
             return violation
