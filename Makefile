@@ -40,6 +40,7 @@ test: binaries lint typecheck
 # The end-to-end suite on the real Kueue, Trainer, JobSet and kube-controller-manager
 # (tests/real); opt-in until it is reliable on a busy 2-core machine.
 test-real: binaries
+	$(PY) -m holdwarden.localcluster --controllers
 	HOLDWARDEN_REAL_CONTROLLERS=1 $(VENV)/bin/pytest -q tests/real
 
 demo: binaries
