@@ -109,11 +109,19 @@ class Supervisor:
                     return
                 try:
                     self.adapter.hold(ref, _meta(instance), "failover test")
-                    if not self._wait(ref, suspended=True):
-                        return
-                    self.adapter.release(ref, _meta(instance))
                 except Conflict:
-                    continue  # eight conflicts in a row under load: try the round again
+                    continue  # eight conflicts in a row under load: try the hold again
+                if not self._wait(ref, suspended=True):
+                    return
+                for _ in range(5):  # the hold is in force: only its release may follow
+                    try:
+                        self.adapter.release(ref, _meta(instance))
+                        break
+                    except Conflict:
+                        continue
+                else:
+                    self.errors.append(f"{ref.name}: release {instance} kept conflicting")
+                    return
                 self.cycles[ref.name] += 1
                 instance += 1
         except Exception as exc:
@@ -229,7 +237,7 @@ def test_leader_killed_under_load_no_double_ready_no_double_attempt(
         assert not follower.may_write(), "gate B leads while gate A holds the Lease"
         with (
             Watcher(admin_client, namespace) as watcher,
-            KueueActor(kueue_client, namespace, admission_check=check_name),
+            KueueActor(kueue_client, namespace, admission_check=check_name) as kueue,
             TrainerActor(
                 trainer_client, namespace, delete_delay=0.3, pods_api=job_controller_client
             ),
@@ -264,10 +272,29 @@ def test_leader_killed_under_load_no_double_ready_no_double_attempt(
                 )
                 assert not sup.errors, sup.errors
             assert not sup.errors, sup.errors
-            # Let the last grant's A land, then read every committed state.
-            _eventually(follower.queue.idle, "gate B is idle", timeout=30)
-            time.sleep(0.5)
-        events = watcher.events()
+
+            # Let the last grant's A land, and the watch deliver it, before reading every
+            # committed state.
+            def recorded() -> bool:
+                for ref in refs:
+                    workload = kueue.workload_of(ref.name)
+                    checks = (workload or {}).get("status", {}).get("admissionChecks") or []
+                    entry = next((c for c in checks if c["name"] == check_name), None)
+                    if entry is None or entry["state"] != "Ready":
+                        continue
+                    a = sup.trainjob(ref)["metadata"].get("annotations", {}).get(NOTES.attempt)
+                    if granted_attempt(entry.get("message")) != int(a or 0):
+                        return False
+                return True
+
+            _eventually(recorded, "A recorded for every grant", timeout=30)
+            for kind, plural in (("trainjob", TRAINJOB), ("workload", WORKLOAD)):
+                listed: Any = custom.list_namespaced_custom_object(
+                    plural.group, plural.version, namespace, plural.plural
+                )
+                latest = max(int(i["metadata"]["resourceVersion"]) for i in listed["items"])
+                watcher.wait_until_seen(kind, latest, timeout=30)
+            events = watcher.events()
     finally:
         follower.stop(timeout=5)
 
