@@ -36,11 +36,12 @@ from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD, RuleId
+from holdwarden.vocabulary import DEFAULT_WORKLOAD_DELETERS, TRAINJOB, WORKLOAD, RuleId
 from tests import policy_corpus as corpus
 from tests.k8s_objects import trainjob_body
 from tests.test_webhook_e2e import _serve_in_thread
 from webhook.policy import binding, render_owner_only_policy, render_rules_policy
+from webhook.rules import Change, RulesConfig, evaluate
 
 pytestmark = pytest.mark.controlplane
 
@@ -116,14 +117,19 @@ def webhook_registration(name: str, port: int, ca_pem: bytes, token: str) -> Any
                     "url": f"https://127.0.0.1:{port}/validate",
                     "caBundle": base64.b64encode(ca_pem).decode(),
                 },
+                # As shipped: a Workload's DELETE too (held-workload-kept).
                 "rules": [
                     {
-                        "apiGroups": [TRAINJOB.group, WORKLOAD.group],
+                        "apiGroups": [coords.group],
                         "apiVersions": ["*"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": [TRAINJOB.plural, WORKLOAD.plural],
+                        "operations": operations,
+                        "resources": [coords.plural],
                         "scope": "Namespaced",
                     }
+                    for coords, operations in (
+                        (TRAINJOB, ["CREATE", "UPDATE"]),
+                        (WORKLOAD, ["CREATE", "UPDATE", "DELETE"]),
+                    )
                 ],
                 "namespaceSelector": {"matchLabels": {LABEL: token}},
                 "matchConditions": shipped_match_conditions(),
@@ -449,3 +455,89 @@ def test_the_policy_gives_the_webhooks_verdicts(
         assert seen["allowed"] >= 200
         assert not [v for v in seen if v.startswith("error")], seen
     check_doc(parity_table(writes, verdicts))
+
+
+# --- DELETE: held-workload-kept -----------------------------------------------------------
+
+GC_IDENTITY = DEFAULT_WORKLOAD_DELETERS[0]
+# name -> (user, groups). The collector also gets system:masters, for RBAC only: neither
+# twin lets that group delete a held Workload (only webhook.workloadDeleters).
+DELETERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "alice": ("alice", ()),
+    "kueue": (corpus.KUEUE_IDENTITY, ()),
+    "alice+gc-group": ("alice", (GC_IDENTITY,)),
+    "gc": (GC_IDENTITY, ("system:masters",)),
+    "admin": ("admin", ("system:masters",)),
+}
+
+
+def _delete_verdict(api: k8s.ApiClient, kind: str, namespace: str, name: str) -> str:
+    coords = TRAINJOB if kind == TRAINJOB.kind else WORKLOAD
+    try:
+        k8s.CustomObjectsApi(api).delete_namespaced_custom_object(
+            coords.group, coords.version, namespace, coords.plural, name, dry_run="All"
+        )
+    except ApiException as exc:
+        return corpus.verdict_of(exc)
+    return "allowed"
+
+
+def test_the_twins_agree_on_deleting_workloads(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Dry-run DELETEs of Workloads in every stored hold state (and of a held TrainJob), by
+    each writer: the webhook, the policy and the pure rules give the same verdict, and
+    ``held-workload-kept`` refuses in both twins (removing it from either fails here)."""
+    token = uuid.uuid4().hex[:10]
+    namespace = cluster.create_namespace(f"parity-del-{token}", labels={LABEL: token})
+    bases = [
+        corpus.Base(f"wl-{hold}", WORKLOAD.kind, corpus.hold_set(instance, others), True, False)
+        for hold, instance, others in corpus.OLD_HOLDS
+    ]
+    bases.append(corpus.Base("tj-held", TRAINJOB.kind, corpus.hold_set("3", True), True, True))
+    clients = {who: cluster.api_client(user, groups) for who, (user, groups) in DELETERS.items()}
+    rules = RulesConfig.from_config(Config())
+    try:
+        with cluster.api_client() as admin:
+            olds = [corpus.create_base(admin, namespace, base, base.key) for base in bases]
+            # Kueue may not delete TrainJobs (RBAC): RBAC, not admission, would answer.
+            cases = [
+                (who, base, old)
+                for base, old in zip(bases, olds, strict=True)
+                for who in DELETERS
+                if (who, base.kind) != ("kueue", TRAINJOB.kind)
+            ]
+
+            def run() -> list[str]:
+                return [
+                    _delete_verdict(clients[who], base.kind, namespace, base.key)
+                    for who, base, _ in cases
+                ]
+
+            with webhook_only(admin, namespace, token, tmp_path):
+                webhook_verdicts = run()
+            with policy_only(admin, namespace, token):
+                policy_verdicts = run()
+    finally:
+        for api in clients.values():
+            api.close()  # type: ignore[no-untyped-call]
+    expected = []
+    for who, base, old in cases:
+        user, groups = DELETERS[who]
+        coords = TRAINJOB if base.kind == TRAINJOB.kind else WORKLOAD
+        change = Change(group=coords.group, resource=coords.plural, subresource="",
+                        operation="DELETE", namespace=namespace, name=base.key, username=user,
+                        groups=groups, old=old, new=None)  # fmt: skip
+        violation = evaluate(change, rules)
+        expected.append(str(violation.rule) if violation else "allowed")
+    table = [
+        f"{who} deletes {base.key}: webhook {a!r}, policy {b!r}, rules {c!r}"
+        for (who, base, _), a, b, c in zip(
+            cases, webhook_verdicts, policy_verdicts, expected, strict=True
+        )
+    ]
+    assert webhook_verdicts == expected, "\n".join(table)
+    assert policy_verdicts == expected, "\n".join(table)
+    seen = Counter(expected)
+    kept = str(RuleId.HELD_WORKLOAD_KEPT)
+    # alice, Kueue and the admin, on the five Workloads that carry P/hold-instance.
+    assert seen[kept] == 3 * 5, seen
+    assert seen["allowed"] == len(cases) - 3 * 5, seen

@@ -1,18 +1,21 @@
 """The enforcer's rules as a ValidatingAdmissionPolicy: CEL, evaluated inside the apiserver.
 
-``render_rules_policy`` expresses the five rules of ``webhook/rules.py`` (the same ids, the
-same order, the same decisions) and ``render_owner_only_policy`` the optional
+``render_rules_policy`` expresses the six rules of ``webhook/rules.py`` that are always on
+(the same ids, the same order, the same decisions: five on CREATE and UPDATE,
+``held-workload-kept`` on a Workload's DELETE) and ``render_owner_only_policy`` the optional
 ``hold-owner-only`` rule, each as one policy with its binding. ``manifests/policy`` ships
 them rendered for the default configuration (a test checks they agree); for another
-``annotationPrefix``, ``kueue.identities`` or ``webhook.holderIdentities`` run
-``python -m webhook.policy --prefix P --kueue-identity ID --holder ID`` and apply its output
-instead (docs/policy.md).
+``annotationPrefix``, ``kueue.identities``, ``webhook.workloadDeleters`` or
+``webhook.holderIdentities`` run ``python -m webhook.policy --prefix P --kueue-identity ID
+--workload-deleter ID --holder ID`` and apply its output instead (docs/policy.md).
 
 Invariants (tests/test_policy_parity.py proves them on the real kube-apiserver):
-  - For every CREATE and UPDATE of a TrainJob or Workload, the policy refuses exactly
-    when ``webhook.rules.evaluate`` does, and names the same rule first.
-  - Every expression is null-safe: ``oldObject`` is null on CREATE, and any field may be
-    absent; an expression that errors would refuse the write (``failurePolicy: Fail``).
+  - For every CREATE and UPDATE of a TrainJob or Workload, and every DELETE of a
+    Workload, the policy refuses exactly when ``webhook.rules.evaluate`` does, and names the
+    same rule first.
+  - Every expression is null-safe: ``oldObject`` is null on CREATE, ``object`` on DELETE,
+    and any field may be absent; an expression that errors would refuse the write
+    (``failurePolicy: Fail``).
 
 The one thing CEL makes awkward is the hold instance. This apiserver's CEL (v1.36) has no
 ``uint(string)`` and ``int(string)`` errors on out-of-range text, so instances are compared
@@ -35,6 +38,7 @@ from holdwarden.vocabulary import (
     BREAK_GLASS_GROUP,
     DEFAULT_ANNOTATION_PREFIX,
     DEFAULT_KUEUE_IDENTITIES,
+    DEFAULT_WORKLOAD_DELETERS,
     QUEUE_NAME_LABEL,
     TRAINJOB,
     WORKLOAD,
@@ -81,9 +85,10 @@ def _labels(labels: dict[str, str]) -> dict[str, Any]:
     )
 
 
-def _match_constraints() -> dict[str, Any]:
-    # As the webhook registers: CREATE and UPDATE of the two kinds, not their status
-    # sub-resource; writes through another served version are converted and judged too.
+def _match_constraints(workload_delete: bool) -> dict[str, Any]:
+    # As the webhook registers: CREATE and UPDATE of the two kinds (and, for the rules
+    # policy, a Workload's DELETE), not their status sub-resource; writes through another
+    # served version are converted and judged too.
     return {
         "matchPolicy": "Equivalent",
         "resourceRules": [
@@ -96,7 +101,7 @@ def _match_constraints() -> dict[str, Any]:
             {
                 "apiGroups": [WORKLOAD.group],
                 "apiVersions": [WORKLOAD.version],
-                "operations": ["CREATE", "UPDATE"],
+                "operations": ["CREATE", "UPDATE", *(["DELETE"] if workload_delete else [])],
                 "resources": [WORKLOAD.plural],
             },
         ],
@@ -106,7 +111,10 @@ def _match_constraints() -> dict[str, Any]:
 def _common_variables(prefix: str) -> list[dict[str, str]]:
     key = _lit(f"{prefix}/hold-instance")
     return [
-        {"name": "newAnns", "expression": "object.?metadata.?annotations.orValue({})"},
+        {
+            "name": "newAnns",
+            "expression": "object != null ? object.?metadata.?annotations.orValue({}) : {}",
+        },
         {
             "name": "oldAnns",
             "expression": "oldObject != null ? oldObject.?metadata.?annotations.orValue({}) : {}",
@@ -123,6 +131,11 @@ def _common_variables(prefix: str) -> list[dict[str, str]]:
             "name": "newShown",
             "expression": "size(variables.newInst) > 64 "
             "? variables.newInst.substring(0, 64) + '...' : variables.newInst",
+        },
+        {
+            "name": "oldShown",
+            "expression": "size(variables.oldInst) > 64 "
+            "? variables.oldInst.substring(0, 64) + '...' : variables.oldInst",
         },
         # The instance at stake, as the webhook reports it: the new value, else the old.
         {
@@ -180,9 +193,12 @@ def _release_hint(prefix: str) -> str:
     )
 
 
-def _rules_validations(prefix: str, kueue_identities: Sequence[str]) -> list[dict[str, str]]:
+def _rules_validations(
+    prefix: str, kueue_identities: Sequence[str], workload_deleters: Sequence[str]
+) -> list[dict[str, str]]:
     key = f"{prefix}/hold-instance"
     ids = _list(kueue_identities)
+    deleters = _list(workload_deleters)
     trainjobs, workloads = _lit(TRAINJOB.plural), _lit(WORKLOAD.plural)
     suspend_old = "oldObject.?spec.?suspend.orValue(false) == true"
     return [
@@ -237,10 +253,28 @@ def _rules_validations(prefix: str, kueue_identities: Sequence[str]) -> list[dic
             "spec.active: false, or `holdwarden hold ' + variables.ref + ' --instance N`); to "
             "let it run, activate the Workload and let Kueue admit it.'",
         },
+        {
+            # Only a DELETE reaches this with hasOld (the others need no such guard: on
+            # DELETE hasNew is false and they pass); a TrainJob's DELETE is not matched.
+            "expression": f"request.operation != 'DELETE' || request.resource.resource != "
+            f"{workloads} || !variables.hasOld "
+            f"|| request.userInfo.username in {deleters} "
+            f"|| request.userInfo.?groups.orValue([]).exists(g, g in {deleters})",
+            "messageExpression": f"{_head(RuleId.HELD_WORKLOAD_KEPT)} + ' is held "
+            f"({key}=' + variables.oldShown + '); deleting it would drop the hold, since "
+            "Kueue would create a new, active Workload for its TrainJob and run it. To delete "
+            f"it, ' + {_release_hint(prefix)} + '; or delete the TrainJob itself (its "
+            "Workload goes with it).'",
+        },
     ]
 
 
-def _policy(name: str, variables: list[dict[str, str]], validations: list[dict[str, str]]) -> Any:
+def _policy(
+    name: str,
+    variables: list[dict[str, str]],
+    validations: list[dict[str, str]],
+    workload_delete: bool,
+) -> Any:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -248,7 +282,7 @@ def _policy(name: str, variables: list[dict[str, str]], validations: list[dict[s
         "spec": {
             # An expression that cannot be evaluated refuses, as the webhook fails closed.
             "failurePolicy": "Fail",
-            "matchConstraints": _match_constraints(),
+            "matchConstraints": _match_constraints(workload_delete),
             "variables": variables,
             # Forbidden (403), as the webhook answers; the policy default would be 422.
             "validations": [dict(v, reason="Forbidden") for v in validations],
@@ -283,9 +317,12 @@ def render_rules_policy(
     prefix: str = DEFAULT_ANNOTATION_PREFIX,
     kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
     name: str = RULES_POLICY,
+    workload_deleters: Sequence[str] = DEFAULT_WORKLOAD_DELETERS,
 ) -> Any:
-    """The ValidatingAdmissionPolicy with the five rules, in ``RULE_ORDER``."""
-    return _policy(name, _common_variables(prefix), _rules_validations(prefix, kueue_identities))
+    """The ValidatingAdmissionPolicy with the five rules in ``RULE_ORDER`` and
+    ``held-workload-kept`` (``DELETE_RULE_ORDER``)."""
+    validations = _rules_validations(prefix, kueue_identities, workload_deleters)
+    return _policy(name, _common_variables(prefix), validations, workload_delete=True)
 
 
 def render_owner_only_policy(
@@ -334,7 +371,8 @@ def render_owner_only_policy(
         "' --instance ' + variables.instFlag + '`); in an emergency a cluster admin in "
         f"{BREAK_GLASS_GROUP} may (docs/policy.md, break-glass).'",
     }
-    return _policy(name, variables, [validation])
+    # Not on DELETE: the webhook's hold-owner-only judges CREATE and UPDATE only.
+    return _policy(name, variables, [validation], workload_delete=False)
 
 
 def _dump(documents: Sequence[Any], header: str) -> str:
@@ -346,14 +384,17 @@ def _dump(documents: Sequence[Any], header: str) -> str:
 def rules_manifest(
     prefix: str = DEFAULT_ANNOTATION_PREFIX,
     kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+    workload_deleters: Sequence[str] = DEFAULT_WORKLOAD_DELETERS,
 ) -> str:
     """manifests/policy/policy.yaml for this configuration (the policy and its binding)."""
     header = (
         "# Generated by `python -m webhook.policy` for annotationPrefix "
-        f"{prefix!r} and kueue.identities {list(kueue_identities)!r}; do not edit by hand\n"
+        f"{prefix!r}, kueue.identities {list(kueue_identities)!r}\n"
+        f"# and webhook.workloadDeleters {list(workload_deleters)!r}; do not edit by hand\n"
         "# (a test checks it against webhook/policy.py). docs/policy.md explains it.\n"
     )
-    return _dump([render_rules_policy(prefix, kueue_identities), binding(RULES_POLICY)], header)
+    policy = render_rules_policy(prefix, kueue_identities, workload_deleters=workload_deleters)
+    return _dump([policy, binding(RULES_POLICY)], header)
 
 
 def owner_only_manifest(
@@ -381,6 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--prefix", default=DEFAULT_ANNOTATION_PREFIX)
     parser.add_argument("--kueue-identity", action="append", dest="identities", metavar="ID")
+    parser.add_argument("--workload-deleter", action="append", dest="deleters", metavar="ID")
     parser.add_argument("--owner-only", action="store_true")
     parser.add_argument("--holder", action="append", dest="holders", metavar="ID")
     args = parser.parse_args(argv)
@@ -389,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(owner_only_manifest(args.prefix, holders))
     else:
         identities = tuple(args.identities) if args.identities else DEFAULT_KUEUE_IDENTITIES
-        sys.stdout.write(rules_manifest(args.prefix, identities))
+        deleters = tuple(args.deleters) if args.deleters else DEFAULT_WORKLOAD_DELETERS
+        sys.stdout.write(rules_manifest(args.prefix, identities, deleters))
     return 0
 
 
