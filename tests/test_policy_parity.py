@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster import KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.vocabulary import DEFAULT_WORKLOAD_DELETERS, TRAINJOB, WORKLOAD, RuleId
 from tests import policy_corpus as corpus
 from tests.k8s_objects import trainjob_body
@@ -464,7 +464,7 @@ GC_IDENTITY = DEFAULT_WORKLOAD_DELETERS[0]
 # twin lets that group delete a held Workload (only webhook.workloadDeleters).
 DELETERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "alice": ("alice", ()),
-    "kueue": (corpus.KUEUE_IDENTITY, ()),
+    "kueue": (KUEUE_IDENTITY, ()),
     "alice+gc-group": ("alice", (GC_IDENTITY,)),
     "gc": (GC_IDENTITY, ("system:masters",)),
     "admin": ("admin", ("system:masters",)),
