@@ -127,6 +127,55 @@ def test_sidecar_serves_the_webhook_from_the_supervisors_pods() -> None:
     assert webhook["webhooks"][0]["clientConfig"]["service"]["name"] == service["metadata"]["name"]
 
 
+def test_cert_manager_makes_the_secret_the_pod_mounts_for_the_names_the_apiserver_dials() -> None:
+    """manifests/cert-manager, rendered (cert-manager itself is not run here: no binary and
+    no CRDs of it in this repository; docs/certificates.md says so). Its objects must agree
+    with the base: the serving Certificate writes the Secret the Deployment mounts, for the
+    Service's names, signed by a CA Issuer whose CA cainjector injects into the webhook."""
+    base = render(MANIFESTS)
+    objs = render(MANIFESTS, [MANIFESTS / "cert-manager"])
+    issuers = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Issuer"}
+    certificates = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}
+    assert set(issuers) == {"holdwarden-selfsigned", "holdwarden-ca"}
+    assert set(certificates) == {"holdwarden-ca", "holdwarden-serving"}
+    for obj in (*issuers.values(), *certificates.values()):
+        assert obj["apiVersion"] == "cert-manager.io/v1"
+        assert obj["metadata"]["namespace"] == NAMESPACE
+    ca, serving = certificates["holdwarden-ca"]["spec"], certificates["holdwarden-serving"]["spec"]
+    assert ca["isCA"] is True and ca["issuerRef"] == {
+        "kind": "Issuer",
+        "name": "holdwarden-selfsigned",
+    }
+    assert issuers["holdwarden-selfsigned"]["spec"] == {"selfSigned": {}}
+    assert issuers["holdwarden-ca"]["spec"] == {"ca": {"secretName": ca["secretName"]}}
+    assert serving["issuerRef"] == {"kind": "Issuer", "name": "holdwarden-ca"}
+    assert "server auth" in serving["usages"] and not serving.get("isCA", False)
+    # The Secret the enforcer's Pod mounts (and hot-reloads tls.crt/tls.key from).
+    pod = _find(base, "Deployment", "holdwarden")["spec"]["template"]["spec"]
+    (tls,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert serving["secretName"] == tls["secret"]["secretName"]
+    # The names the apiserver dials for clientConfig.service.
+    webhook = _find(objs, "ValidatingWebhookConfiguration", "holdwarden-enforcer")
+    service = webhook["webhooks"][0]["clientConfig"]["service"]
+    name, namespace = service["name"], service["namespace"]
+    assert {name, f"{name}.{namespace}", f"{name}.{namespace}.svc"} <= set(serving["dnsNames"])
+    # cainjector keeps caBundle equal to the serving Certificate's ca.crt.
+    annotations = webhook["metadata"]["annotations"]
+    assert annotations == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/holdwarden-serving"}
+    # Renewal happens well before expiry, and the leaf never outlives the CA.
+    hours = {k: int(v.rstrip("h")) for k, v in serving.items() if k in ("duration", "renewBefore")}
+    assert hours["renewBefore"] < hours["duration"] <= int(ca["duration"].rstrip("h"))
+    # Nothing else in the base changes.
+    others = [o for o in objs if o["kind"] not in ("Issuer", "Certificate")]
+    stripped = [o for o in others if o["kind"] == "ValidatingWebhookConfiguration"]
+    for hook in stripped:
+        hook["metadata"].pop("annotations")
+    assert sorted(map(_key, others)) == sorted(map(_key, base))
+    assert _find(others, "ValidatingWebhookConfiguration", "holdwarden-enforcer") == _find(
+        base, "ValidatingWebhookConfiguration", "holdwarden-enforcer"
+    )
+
+
 def test_monitoring_scrapes_the_service_and_alerts_on_the_metrics_we_export() -> None:
     from webhook import metrics
 
