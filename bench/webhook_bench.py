@@ -51,9 +51,9 @@ sys.path.insert(0, str(ROOT))
 
 from certs.generate import generate_ca, generate_serving  # noqa: E402
 from holdwarden.config import Config  # noqa: E402
+from tests.review_samples import inflate, review, trainjob, workload  # noqa: E402
 from webhook.review import parse_review  # noqa: E402
 from webhook.rules import RulesConfig, evaluate  # noqa: E402
-from webhook.samples import inflate, review, trainjob, workload  # noqa: E402
 
 CONNECTIONS = 32
 

@@ -27,7 +27,7 @@ import yaml
 from certs.generate import KeyPair, generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from webhook.samples import review, trainjob
+from tests.review_samples import review, trainjob
 from webhook.server import EnforcerServer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,8 +35,8 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import EDITOR_USER, LocalCluster
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from tests.k8s_objects import trainjob_body
+from tests.review_samples import review, trainjob
 from webhook.audit import read_audit
-from webhook.samples import review, trainjob
 from webhook.server import EnforcerServer
 
 pytestmark = pytest.mark.controlplane

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import RuleId
+from tests.review_samples import review, trainjob
 from webhook.audit import (
     FIELD_LIMITS,
     MAX_LINE_BYTES,
@@ -32,7 +33,6 @@ from webhook.audit import (
 from webhook.metrics import Metrics
 from webhook.review import Review
 from webhook.rules import Change, Violation
-from webhook.samples import review, trainjob
 from webhook.server import build_app
 
 MB = 1024 * 1024

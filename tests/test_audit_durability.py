@@ -23,9 +23,9 @@ import aiohttp
 import pytest
 
 from certs.generate import generate_ca, generate_serving
+from tests.review_samples import review, trainjob, workload
 from webhook.audit import AuditWriter, encode_line, read_audit
 from webhook.cli import parse_since
-from webhook.samples import review, trainjob, workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 
 from tests.audit_helpers import assert_whole_lines, eventually, fill, small_tmpfs
+from tests.review_samples import review, trainjob
 from tests.test_audit_durability import start_serve
 from webhook.audit import read_audit, rotated_path
-from webhook.samples import review, trainjob
 
 BUDGET = 90.0
 

@@ -83,6 +83,8 @@ def test_the_wheel_holds_only_the_runtime_parts(wheel: zipfile.ZipFile) -> None:
     assert tops <= {"adapter", "webhook", "certs", "holdwarden"}, tops
     assert not [n for n in names if n.startswith("holdwarden/localcluster/")]
     assert not [n for n in names if n.startswith(("tests/", "bench/"))]
+    # Test fixtures live in tests/ (review_samples.py, once webhook/samples.py).
+    assert not [n for n in names if n.endswith("samples.py")]
     for part in ("adapter", "webhook", "certs", "holdwarden"):
         assert f"{part}/py.typed" in names
     assert "holdwarden/cli.py" in names and "webhook/server.py" in names

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from holdwarden.config import Config, WebhookConfig
+from tests.review_samples import review, trainjob, workload
 from webhook.audit import AuditWriter, read_audit
 from webhook.metrics import Metrics
-from webhook.samples import review, trainjob, workload
 from webhook.server import State, build_app, build_metrics_app
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "admissionreview"

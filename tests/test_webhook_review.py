@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, Annotations
+from tests.review_samples import inflate, review, trainjob, workload
 from webhook.review import allow, allow_bytes, deny, parse_review
 from webhook.rules import Change, RulesConfig, Violation, evaluate
-from webhook.samples import inflate, review, trainjob, workload
 
 A = Annotations()
 CONFIG = RulesConfig.from_config(Config())

@@ -1,6 +1,7 @@
 """AdmissionReview request bodies as a real kube-apiserver sends them (plain dicts).
 
-Used by the enforcer's tests and by bench/webhook_bench.py; compare the real captures in
+Test and benchmark fixtures (kept out of the wheel): the enforcer's tests and
+bench/webhook_bench.py use them; compare the real captures in
 ../shared/samples/admissionreview. ``inflate`` grows an object to a realistic size.
 """
 
