@@ -7,6 +7,7 @@ the real local control plane."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import socket
 import subprocess
@@ -184,6 +185,40 @@ def test_audit_output_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert header.split() == ["TIME", "RULE", "NAMESPACE", "NAME", "INSTANCE", "USER",
                               "OPERATION", "DRYRUN", "UID"]  # fmt: skip
     assert row.split()[-1] == "u-1"
+
+
+def test_audit_of_a_missing_log_is_an_error_not_an_empty_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "audit.jsonl"
+    assert main(["audit", "--log", str(missing)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"no audit log at {missing}" in captured.err and "--log" in captured.err
+    # Only a rotated file left (the current one deleted): it is read, not an error.
+    (tmp_path / "nowhere").mkdir()
+    record = {"time": "2026-01-01T00:00:00Z", "rule": "hold-instance-monotonic", "uid": "u-9"}
+    Path(f"{missing}.1").write_text(json.dumps(record) + "\n")
+    assert main(["audit", "--log", str(missing), "-o", "json"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [record]
+
+
+def test_audit_reads_standard_input(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = [
+        {"time": "2026-01-01T00:00:00Z", "rule": "held-workload-kept", "namespace": "a",
+         "name": "j", "uid": "u-1"},
+        {"time": "2026-01-01T00:00:01Z", "rule": "kueue-owns-suspend", "namespace": "b",
+         "name": "k", "uid": "u-2"},
+    ]  # fmt: skip
+    # Two Pods' files concatenated, with a log line that is not a record between them.
+    text = json.dumps(records[0]) + "\nnot json\n" + json.dumps(records[1]) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    assert main(["audit", "--log", "-", "-n", "b", "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line) for line in captured.out.splitlines()] == [records[1]]
+    assert "skipped 1 unreadable line" in captured.err and "<stdin>:2" in captured.err
 
 
 # -- completion and the kubectl plugin ---------------------------------------------------

@@ -49,7 +49,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -679,6 +679,53 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(handle, start=1)
 
 
+@dataclass(frozen=True)
+class AuditFilter:
+    """The filters of ``holdwarden audit``; a record passes when it matches every one set."""
+
+    namespace: str | None = None
+    name: str | None = None
+    user: str | None = None
+    rule: str | None = None
+    since: datetime | None = None
+
+    def matches(self, record: dict[str, Any]) -> bool:
+        for key, wanted in (
+            ("namespace", self.namespace),
+            ("name", self.name),
+            ("user", self.user),
+            ("rule", self.rule),
+        ):
+            if wanted is not None and record.get(key) != wanted:
+                return False
+        if self.since is not None:
+            moment = parse_time(str(record.get("time", "")))
+            if moment is None or moment < self.since:
+                return False
+        return True
+
+
+def _read_lines(
+    result: AuditRead, source: Path, handle: Iterable[bytes], wanted: AuditFilter
+) -> None:
+    """Add the records of ``handle`` that pass ``wanted`` to ``result``; a line that is not
+    a JSON object is counted as skipped (with ``source`` and its line number), never fatal."""
+    for number, raw in enumerate(handle, start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            result.skipped += 1
+            result.skipped_lines.append(number)
+            result.skipped_at.append((source, number))
+            continue
+        if wanted.matches(record):
+            result.records.append(record)
+
+
 def read_audit(
     path: str | Path,
     *,
@@ -692,39 +739,29 @@ def read_audit(
     that match every filter given.
 
     A line that is not a JSON object (a torn last line after a crash, or damage) is skipped
-    and counted in ``skipped``; reading never fails on content. A missing file reads empty.
+    and counted in ``skipped``; reading never fails on content. A missing file reads empty
+    (``files`` is then empty: the CLI reports that as an error, not as "no refusals").
     """
+    wanted = AuditFilter(namespace, name, user, rule, since)
     result = AuditRead()
     files = _open_snapshot(path)
     try:
         for source, handle in files:
             result.files.append(source)
-            for number, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    record = None
-                if not isinstance(record, dict):
-                    result.skipped += 1
-                    result.skipped_lines.append(number)
-                    result.skipped_at.append((source, number))
-                    continue
-                if namespace is not None and record.get("namespace") != namespace:
-                    continue
-                if name is not None and record.get("name") != name:
-                    continue
-                if user is not None and record.get("user") != user:
-                    continue
-                if rule is not None and record.get("rule") != rule:
-                    continue
-                if since is not None:
-                    moment = parse_time(str(record.get("time", "")))
-                    if moment is None or moment < since:
-                        continue
-                result.records.append(record)
+            _read_lines(result, source, handle, wanted)
     finally:
         for _, handle in files:
             handle.close()
+    return result
+
+
+def read_audit_stream(
+    stream: Iterable[bytes], wanted: AuditFilter, source: Path = Path("<stdin>")
+) -> AuditRead:
+    """Records of audit lines read from ``stream`` (``holdwarden audit -``: e.g. the
+    concatenated files of several Pods, or ``kubectl logs`` output), filtered like
+    ``read_audit``. Lines that are not JSON objects (other log output) are skipped."""
+    result = AuditRead()
+    result.files.append(source)
+    _read_lines(result, source, stream, wanted)
     return result

@@ -41,7 +41,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "PATH.1, PATH.2, ... included), newest last.",
     )
     audit.add_argument("--config", metavar="FILE", help="configuration naming the audit log")
-    audit.add_argument("--log", metavar="PATH", help="audit log file (overrides the config)")
+    audit.add_argument(
+        "--log",
+        metavar="PATH",
+        help="audit log file (overrides the config); - reads audit lines from standard "
+        "input, e.g. `kubectl exec POD -- cat /var/log/holdwarden/audit.jsonl | holdwarden "
+        "audit --log -` (lines that are not JSON objects are skipped and counted)",
+    )
     audit.add_argument("--namespace", "-n", metavar="NS", help="only refusals in this namespace")
     audit.add_argument("--name", help="only refusals of objects with this name")
     audit.add_argument("--user", help="only refusals of writes by this user")
@@ -144,7 +150,7 @@ def _cell(value: object) -> str:
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    from webhook.audit import read_audit
+    from webhook.audit import AuditFilter, read_audit, read_audit_stream
 
     try:
         config = _load_config(args.config)
@@ -153,17 +159,31 @@ def audit_command(args: argparse.Namespace) -> int:
         print(f"holdwarden audit: {exc}", file=sys.stderr)
         return 2
     path = Path(args.log) if args.log else config.webhook.audit_log
+    wanted = AuditFilter(args.namespace, args.name, args.user, args.rule, since)
     try:
-        result = read_audit(
-            path,
-            namespace=args.namespace,
-            name=args.name,
-            user=args.user,
-            rule=args.rule,
-            since=since,
-        )
+        if args.log == "-":
+            result = read_audit_stream(sys.stdin.buffer, wanted)
+        else:
+            result = read_audit(
+                path,
+                namespace=wanted.namespace,
+                name=wanted.name,
+                user=wanted.user,
+                rule=wanted.rule,
+                since=wanted.since,
+            )
     except OSError as exc:
         print(f"holdwarden audit: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return 1
+    if not result.files:
+        # A missing log must not read as "no refusals".
+        where = "--log" if args.log else f"webhook.auditLog (from {args.config or 'defaults'})"
+        print(
+            f"holdwarden audit: no audit log at {path} (nor rotated files {path}.1, ...); "
+            f"check {where}. The enforcer creates it at start-up; in a cluster each Pod keeps "
+            'its own (docs/enforcer.md, "Audit").',
+            file=sys.stderr,
+        )
         return 1
     if args.output == "json":
         for record in result.records:
