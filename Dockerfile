@@ -12,6 +12,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY adapter/ adapter/
 COPY webhook/ webhook/
+COPY readmission/ readmission/
 COPY certs/ certs/
 COPY holdwarden/ holdwarden/
 RUN pip wheel --no-deps --wheel-dir /wheels .

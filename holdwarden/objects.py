@@ -1,7 +1,7 @@
 """Typed accessors over TrainJob and Workload objects: one meaning for every field.
 
 The adapter (``adapter/decisions.py``), the enforcer (``webhook/rules.py``) and the
-readmission gate (``webhook/readmission.py``) read the same fields of the same objects. They
+readmission gate (``readmission/decisions.py``) read the same fields of the same objects. They
 all read them here, so a field cannot mean one thing to the adapter and another to the gate
 (Kueue's ``pkg/workload`` plays the same part for every Kueue controller).
 

@@ -13,7 +13,7 @@ import sys
 
 from kubernetes import config as kube_config
 
-from webhook.readmission_controller import ReadmissionGate
+from readmission.controller import ReadmissionGate
 
 
 def main(argv: list[str]) -> int:

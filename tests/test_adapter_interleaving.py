@@ -75,6 +75,13 @@ from holdwarden.vocabulary import (
     Annotations,
     parse_hold_instance,
 )
+from readmission.controller import (
+    ADMISSION_CHECK_GROUP,
+    ADMISSION_CHECK_VERSION,
+    ADMISSION_CHECKS,
+    ReadmissionGate,
+)
+from readmission.decisions import GateAction
 from tests.actors import (
     DECIDED_ON_ANNOTATION,
     DECIDED_ON_WORKLOAD_ANNOTATION,
@@ -87,13 +94,6 @@ from tests.actors import (
     is_suspended,
 )
 from tests.k8s_objects import trainjob_body
-from webhook.readmission import GateAction
-from webhook.readmission_controller import (
-    ADMISSION_CHECK_GROUP,
-    ADMISSION_CHECK_VERSION,
-    ADMISSION_CHECKS,
-    ReadmissionGate,
-)
 
 Obj = dict[str, Any]
 ANN = Annotations()

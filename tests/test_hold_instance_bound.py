@@ -28,7 +28,7 @@ from holdwarden.vocabulary import (
     format_hold_instance,
     parse_hold_instance,
 )
-from webhook.readmission import granted_attempt, why_waiting
+from readmission.decisions import granted_attempt, why_waiting
 from webhook.rules import Change, RulesConfig, evaluate
 
 A = Annotations()

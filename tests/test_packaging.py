@@ -64,7 +64,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for part in ("adapter", "webhook", "certs", "holdwarden"):
+    for part in ("adapter", "webhook", "readmission", "certs", "holdwarden"):
         shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -80,7 +80,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 def test_the_wheel_holds_only_the_runtime_parts(wheel: zipfile.ZipFile) -> None:
     names = wheel.namelist()
     tops = {name.split("/")[0] for name in names if not name.startswith("holdwarden-")}
-    assert tops <= {"adapter", "webhook", "certs", "holdwarden"}, tops
+    assert tops <= {"adapter", "webhook", "readmission", "certs", "holdwarden"}, tops
     assert not [n for n in names if n.startswith("holdwarden/localcluster/")]
     assert not [n for n in names if n.startswith(("tests/", "bench/"))]
     # Test fixtures live in tests/ (review_samples.py, once webhook/samples.py).
@@ -88,6 +88,7 @@ def test_the_wheel_holds_only_the_runtime_parts(wheel: zipfile.ZipFile) -> None:
     for part in ("adapter", "webhook", "certs", "holdwarden"):
         assert f"{part}/py.typed" in names
     assert "holdwarden/cli.py" in names and "webhook/server.py" in names
+    assert "readmission/controller.py" in names
 
 
 def test_the_cli_explains_the_demo_where_it_is_not_installed() -> None:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from holdwarden.vocabulary import Annotations
-from webhook.readmission import GateAction, decide_readmission, granted_attempt, why_waiting
+from readmission.decisions import GateAction, decide_readmission, granted_attempt, why_waiting
 
 NOTES = Annotations()
 CHECKS = frozenset({"holdwarden-readmission"})

@@ -22,15 +22,15 @@ from certs.generate import generate_ca, generate_serving
 from holdwarden.config import Config, ReadmissionConfig
 from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from tests.actors import KueueActor, TrainerActor
-from tests.k8s_objects import trainjob_body, workload_body
-from webhook.readmission import granted_attempt
-from webhook.readmission_controller import (
+from readmission.controller import (
     ADMISSION_CHECK_GROUP,
     ADMISSION_CHECK_VERSION,
     ADMISSION_CHECKS,
     ReadmissionGate,
 )
+from readmission.decisions import granted_attempt
+from tests.actors import KueueActor, TrainerActor
+from tests.k8s_objects import trainjob_body, workload_body
 
 NOTES = Annotations()
 

@@ -11,8 +11,8 @@ import pytest
 
 from holdwarden.config import Config, ConfigError
 from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespace
-from webhook.informer import Store
-from webhook.workqueue import WorkQueue
+from readmission.informer import Store
+from readmission.workqueue import WorkQueue
 
 
 class FakeClock:

@@ -616,7 +616,7 @@ def _bound_port(runner: web.AppRunner) -> int:
 async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | None = None) -> None:
     """Serve until SIGTERM/SIGINT (or until ``until()`` returns), then shut down cleanly.
 
-    With ``readmission.enabled`` the readmission gate (webhook/readmission_controller.py)
+    With ``readmission.enabled`` the readmission gate (readmission/controller.py)
     runs beside the enforcer, with in-cluster credentials (or the kubeconfig outside one).
     """
     server = EnforcerServer(config)
@@ -647,7 +647,7 @@ def _start_readmission_gate(config: Config, registry: Any) -> Any:
     if not config.readmission.enabled:
         return None
     from holdwarden.kubeclient import api_client
-    from webhook.readmission_controller import ReadmissionGate
+    from readmission.controller import ReadmissionGate
 
     gate = ReadmissionGate(config, api_client(), registry=registry)
     gate.start()

@@ -27,15 +27,15 @@ from certs.reload import ReloadingTLS
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
 from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
-from tests.k8s_objects import trainjob_body
-from tests.shipped_webhook import shipped_match_conditions
-from webhook.audit import read_audit
-from webhook.readmission_controller import (
+from readmission.controller import (
     ADMISSION_CHECK_GROUP,
     ADMISSION_CHECK_VERSION,
     ADMISSION_CHECKS,
     ReadmissionGate,
 )
+from tests.k8s_objects import trainjob_body
+from tests.shipped_webhook import shipped_match_conditions
+from webhook.audit import read_audit
 from webhook.server import EnforcerServer
 
 ENFORCED_LABEL = "holdwarden.io/real-e2e"

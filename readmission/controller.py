@@ -1,12 +1,12 @@
 """The readmission gate's I/O: an AdmissionCheck controller run by ``holdwarden serve``.
 
-Shape (client-go's): four informers (``webhook.informer``) keep watch caches of the
+Shape (client-go's): four informers (``readmission.informer``) keep watch caches of the
 AdmissionChecks, the Workloads, the TrainJobs and the pods labelled
 ``jobset.sigs.k8s.io/jobset-name`` (the only pods the gate counts; slimmed to their
 metadata), all cluster-wide. Every change enqueues the keys it can affect, a Workload's
 own key, or, for a TrainJob or a pod, the keys of the Workloads that TrainJob controls,
-in a deduplicating, rate-limited work queue (``webhook.workqueue``). One worker decides each
-key with ``webhook.readmission.decide_readmission``; every ``readmission.interval`` a
+in a deduplicating, rate-limited work queue (``readmission.workqueue``). One worker decides each
+key with ``readmission.decisions.decide_readmission``; every ``readmission.interval`` a
 resync enqueues every gated Workload again (from the cache, no request) as a safety net.
 
 Invariants kept:
@@ -48,10 +48,10 @@ from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespace
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from webhook.informer import Informer, Obj, Store, object_key
-from webhook.readmission import GateAction, GateDecision, decide_readmission
-from webhook.readmission_metrics import GateMetrics
-from webhook.workqueue import WorkQueue
+from readmission.decisions import GateAction, GateDecision, decide_readmission
+from readmission.informer import Informer, Obj, Store, object_key
+from readmission.metrics import GateMetrics
+from readmission.workqueue import WorkQueue
 
 log = logging.getLogger("holdwarden.readmission")
 
