@@ -255,20 +255,16 @@ class Adapter:
     def open(self, ref: Ref, meta: CallMeta) -> None:
         """Mark the TrainJob opened (plain mode: and run it if it waits at its start gate)."""
         deadline = self._deadline(meta)
-        for _ in range(1 + MAX_RETRIES):
-            trainjob = self._get(TRAINJOB, ref.namespace, ref.name, deadline, f"open {ref}")
-            decision = decisions.decide_open(
+        what = f"open {ref}"
+        self._read_decide_write(
+            TRAINJOB,
+            lambda: self._get(TRAINJOB, ref.namespace, ref.name, deadline, what),
+            lambda trainjob: decisions.decide_open(
                 trainjob, mode=self.mode, now=self._clock(), annotations=self.annotations
-            )
-            if decision.outcome is not Outcome.WRITE:
-                self._settle(decision, f"open {ref}")
-                return
-            try:
-                self._put(TRAINJOB, trainjob, decision, deadline, f"open {ref}")
-                return
-            except _ConflictError:
-                continue
-        raise Conflict(f"open {ref}: {1 + MAX_RETRIES} tries met conflicts")
+            ),
+            deadline,
+            what,
+        )
 
     def hold(self, ref: Ref, meta: CallMeta, reason: str) -> None:
         """Place hold ``meta.instance`` (see the spec's conflict rules)."""
@@ -277,13 +273,11 @@ class Adapter:
         if not isinstance(reason, str) or len(reason) > decisions.MAX_REASON_LENGTH:
             raise Invalid(f"reason must be text of at most {decisions.MAX_REASON_LENGTH} chars")
         what = f"hold {ref} instance {instance}"
-        first: Obj | None = self._first_read(ref, deadline, what)
-        last_seen: str | None = None
-        after_conflict = False
-        for _ in range(1 + MAX_RETRIES):
-            held = first if first is not None else self._read_held(ref, deadline, what)
-            first = None
-            decision = decisions.decide_hold(
+        # What the last conflicted try read: decide_hold's conflict rules need it.
+        conflicted: list[Obj] = []
+
+        def decide(held: Obj) -> Decision:
+            return decisions.decide_hold(
                 held,
                 mode=self.mode,
                 instance=instance,
@@ -291,29 +285,30 @@ class Adapter:
                 holder=self.config.holder,
                 now=self._clock(),
                 annotations=self.annotations,
-                last_seen_instance=last_seen,
-                after_conflict=after_conflict,
+                last_seen_instance=(
+                    objects.hold_instance_text(conflicted[-1], self.annotations)
+                    if conflicted
+                    else None
+                ),
+                after_conflict=bool(conflicted),
             )
-            if decision.outcome is not Outcome.WRITE:
-                self._settle(decision, what)
-                return
-            try:
-                self._put(self._held_resource, held, decision, deadline, what)
-                return
-            except _ConflictError:
-                last_seen = objects.hold_instance_text(held, self.annotations)
-                after_conflict = True
-        raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
+
+        self._read_decide_write(
+            self._held_resource,
+            self._held_reader(ref, deadline, what),
+            decide,
+            deadline,
+            what,
+            on_conflict=conflicted.append,
+        )
 
     def release(self, ref: Ref, meta: CallMeta) -> None:
         """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force."""
         deadline = self._deadline(meta)
         instance = self._instance(meta)
         what = f"release {ref} instance {instance}"
-        first: Obj | None = self._first_read(ref, deadline, what)
-        for _ in range(1 + MAX_RETRIES):
-            held = first if first is not None else self._read_held(ref, deadline, what)
-            first = None
+
+        def decide(held: Obj) -> Decision:
             pods_remain: bool | None = None
             in_force = objects.hold_instance(held, self.annotations) == instance
             if (
@@ -322,22 +317,17 @@ class Adapter:
                 and decisions.release_would_unsuspend(held, self.annotations)
             ):
                 pods_remain = self._pods_remain(ref, deadline)
-            decision = decisions.decide_release(
+            return decisions.decide_release(
                 held,
                 mode=self.mode,
                 instance=instance,
                 annotations=self.annotations,
                 pods_remain=pods_remain,
             )
-            if decision.outcome is not Outcome.WRITE:
-                self._settle(decision, what)
-                return
-            try:
-                self._put(self._held_resource, held, decision, deadline, what)
-                return
-            except _ConflictError:
-                continue
-        raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
+
+        self._read_decide_write(
+            self._held_resource, self._held_reader(ref, deadline, what), decide, deadline, what
+        )
 
     def observe(self, ref: Ref) -> Observation:
         """Classify the TrainJob (and its Workload in Kueue mode). Sends no writes."""
@@ -441,6 +431,47 @@ class Adapter:
         if not result.hold_supported:
             raise Unsupported(result.hold_unsupported_reason or "unknown")
         return ran
+
+    def _read_decide_write(
+        self,
+        resource: Resource,
+        read: Callable[[], Obj],
+        decide: Callable[[Obj], Decision],
+        deadline: datetime,
+        what: str,
+        on_conflict: Callable[[Obj], None] | None = None,
+    ) -> None:
+        """The loop Open, Hold and Release share: read, decide (purely), and write the
+        decision preconditioned on the resourceVersion of that read; on a conflict (409),
+        read and decide again, at most ``1 + MAX_RETRIES`` tries in all.
+
+        Invariant: every write carries the resourceVersion of the very read it was decided
+        on, so a write decided on a stale object can never land.
+        """
+        for _ in range(1 + MAX_RETRIES):
+            obj = read()
+            decision = decide(obj)
+            if decision.outcome is not Outcome.WRITE:
+                self._settle(decision, what)
+                return
+            try:
+                self._put(resource, obj, decision, deadline, what)
+                return
+            except _ConflictError:
+                if on_conflict is not None:
+                    on_conflict(obj)
+        raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
+
+    def _held_reader(self, ref: Ref, deadline: datetime, what: str) -> Callable[[], Obj]:
+        """Reads of the held object for one call: the first is ``_first_read`` (which also
+        checks preflight), every later one (after a conflict) ``_read_held``."""
+        first: list[Obj | None] = [self._first_read(ref, deadline, what)]
+
+        def read() -> Obj:
+            obj = first.pop() if first else None
+            return obj if obj is not None else self._read_held(ref, deadline, what)
+
+        return read
 
     def _settle(self, decision: Decision, what: str) -> None:
         """Turn a decision that writes nothing into a return or the matching error."""
