@@ -41,7 +41,8 @@ from kubernetes import client as k8s
 from adapter import Adapter, CallMeta, Config, Ref
 from adapter.errors import AdapterError
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Resource
+from holdwarden.localcluster.builders import kueue_workload_body, trainjob_body
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Resource
 
 Obj = dict[str, Any]
 STORM_HZ = 20.0
@@ -170,51 +171,18 @@ class Bench:
     def make_job(self, name: str) -> Ref:
         """A TrainJob that has run (opened); in Kueue mode with its Workload, as Kueue makes
         it (no Kueue runs here: nothing else writes during the latency runs)."""
-        body: Obj = {
-            "apiVersion": TRAINJOB.api_version,
-            "kind": TRAINJOB.kind,
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {"runtimeRef": {"name": "torch-distributed"}},
-        }
-        if self.mode == "kueue":
-            body["metadata"]["labels"] = {QUEUE_NAME_LABEL: "user-queue"}
-            body["spec"]["suspend"] = True
+        kueue = self.mode == "kueue"
+        body: Obj = trainjob_body(
+            name,
+            namespace=self.namespace,
+            queue="user-queue" if kueue else None,
+            suspend=True if kueue else None,
+        )
+        if kueue:
             tj = self.custom.create_namespaced_custom_object(*self.coords(TRAINJOB), body)
-            uid = tj["metadata"]["uid"]
             self.custom.create_namespaced_custom_object(
                 *self.coords(WORKLOAD),
-                {
-                    "apiVersion": WORKLOAD.api_version,
-                    "kind": WORKLOAD.kind,
-                    "metadata": {
-                        "name": f"trainjob-{name}-bench",
-                        "labels": {JOB_UID_LABEL: uid},
-                        "ownerReferences": [
-                            {
-                                "apiVersion": TRAINJOB.api_version,
-                                "kind": TRAINJOB.kind,
-                                "name": name,
-                                "uid": uid,
-                                "controller": True,
-                            }
-                        ],
-                    },
-                    "spec": {
-                        "queueName": "user-queue",
-                        "podSets": [
-                            {
-                                "name": "node",
-                                "count": 1,
-                                "template": {
-                                    "spec": {
-                                        "restartPolicy": "Never",
-                                        "containers": [{"name": "n", "image": "busybox"}],
-                                    }
-                                },
-                            }
-                        ],
-                    },
-                },
+                kueue_workload_body(tj, f"trainjob-{name}-bench", queue="user-queue"),
             )
         else:
             self.adapter.start(body, self.meta())

@@ -36,6 +36,7 @@ from typing import Any, Self
 
 from kubernetes import client as k8s
 
+from holdwarden.localcluster.builders import kueue_workload_body
 from holdwarden.vocabulary import (
     DEACTIVATED_REASON,
     DEACTIVATION_TARGET_CONDITION,
@@ -434,46 +435,13 @@ class KueueActor(_Actor):
 
     def _create_workload(self, trainjob: Obj, queue: str) -> None:
         name = trainjob["metadata"]["name"]
-        uid = trainjob["metadata"]["uid"]
-        body: Obj = {
-            "apiVersion": WORKLOAD.api_version,
-            "kind": WORKLOAD.kind,
-            "metadata": {
-                "name": f"trainjob-{name}-{secrets.token_hex(3)[:5]}",
-                "labels": {JOB_UID_LABEL: uid},
-                "ownerReferences": [
-                    {
-                        "apiVersion": TRAINJOB.api_version,
-                        "kind": TRAINJOB.kind,
-                        "name": name,
-                        "uid": uid,
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": {
-                "queueName": queue,
-                "podSets": [
-                    {
-                        "name": "node",
-                        "count": 2,
-                        "template": {
-                            "spec": {
-                                "restartPolicy": "Never",
-                                "containers": [
-                                    {
-                                        "name": "node",
-                                        "image": "busybox",
-                                        "resources": {"requests": {"cpu": "1"}},
-                                    }
-                                ],
-                            }
-                        },
-                    }
-                ],
-            },
-        }
+        body: Obj = kueue_workload_body(
+            trainjob,
+            f"trainjob-{name}-{secrets.token_hex(3)[:5]}",
+            queue=queue,
+            count=2,
+            requests={"cpu": "1"},
+        )
         self.io.custom.create_namespaced_custom_object(*self.io._coords(WORKLOAD), body)
         if not is_suspended(trainjob):
             self._set_suspend(name, True)

@@ -31,8 +31,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from holdwarden.localcluster import KUEUE_IDENTITY, SUPERVISOR_IDENTITY
+from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from tests.k8s_objects import trainjob_body, workload_body
 
 A = Annotations()
 MERGE = "application/merge-patch+json"

@@ -17,6 +17,7 @@ from kubernetes import client as k8s
 from adapter.decisions import classify
 from adapter.types import Ref, State
 from holdwarden.localcluster import UNPRIVILEGED_USER, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import (
     JOB_UID_LABEL,
     JOBSET_NAME_LABEL,
@@ -33,7 +34,6 @@ from tests.actors import (
     Watcher,
     find_condition,
 )
-from tests.k8s_objects import trainjob_body
 
 T = TypeVar("T")
 ANN = Annotations()

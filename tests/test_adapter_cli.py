@@ -11,8 +11,8 @@ from kubernetes import client as k8s
 from adapter.errors import NotFound, StaleHold
 from holdwarden.cli import main
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, Annotations
-from tests.k8s_objects import trainjob_body
 
 A = Annotations("holdwarden.io")
 

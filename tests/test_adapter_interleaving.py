@@ -68,6 +68,7 @@ from holdwarden.localcluster import (
     TRAINER_IDENTITY,
     LocalCluster,
 )
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import (
     JOBSET_NAME_LABEL,
     TRAINJOB,
@@ -93,7 +94,6 @@ from tests.actors import (
     is_active,
     is_suspended,
 )
-from tests.k8s_objects import trainjob_body
 
 Obj = dict[str, Any]
 ANN = Annotations()

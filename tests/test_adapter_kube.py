@@ -29,8 +29,8 @@ from adapter.errors import (
 )
 from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from tests.k8s_objects import trainjob_body, workload_body
 
 pytestmark = pytest.mark.controlplane
 

@@ -19,6 +19,7 @@ from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref, State
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
     CLUSTERQUEUE,
@@ -28,7 +29,6 @@ from holdwarden.vocabulary import (
     TRAINJOB,
     Annotations,
 )
-from tests.k8s_objects import trainjob_body
 
 pytestmark = pytest.mark.controlplane
 

@@ -33,8 +33,8 @@ from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import EDITOR_USER, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
-from tests.k8s_objects import trainjob_body
 from tests.review_samples import review, trainjob
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer

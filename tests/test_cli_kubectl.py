@@ -25,7 +25,7 @@ from certs.generate import generate_client
 from holdwarden import kubeclient
 from holdwarden.cli import build_parser, kubectl_main, main
 from holdwarden.localcluster import LocalCluster
-from tests.k8s_objects import trainjob_body
+from holdwarden.localcluster.builders import trainjob_body
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ import pytest
 from kubernetes import client as k8s
 
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
-from tests.k8s_objects import trainjob_body, workload_body
 
 
 def test_creates_a_trainjob_through_the_official_client(

@@ -22,9 +22,9 @@ from kubernetes.client.exceptions import ApiException
 from adapter import Adapter, CallMeta, Config, Ref
 from holdwarden.config import WebhookConfig
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations, RuleId
 from tests import policy_corpus as corpus
-from tests.k8s_objects import trainjob_body, workload_body
 from tests.test_policy_parity import LABEL, policy_only, webhook_only
 
 pytestmark = pytest.mark.controlplane

@@ -36,9 +36,9 @@ from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import DEFAULT_WORKLOAD_DELETERS, TRAINJOB, WORKLOAD, RuleId
 from tests import policy_corpus as corpus
-from tests.k8s_objects import trainjob_body
 from tests.test_webhook_e2e import _serve_in_thread
 from webhook.policy import binding, render_owner_only_policy, render_rules_policy
 from webhook.rules import Change, RulesConfig, evaluate

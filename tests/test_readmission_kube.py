@@ -21,6 +21,7 @@ from certs.bundle import write_cert_dir
 from certs.generate import generate_ca, generate_serving
 from holdwarden.config import Config, ReadmissionConfig
 from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from readmission.controller import (
     ADMISSION_CHECK_GROUP,
@@ -30,7 +31,6 @@ from readmission.controller import (
 )
 from readmission.decisions import granted_attempt
 from tests.actors import KueueActor, TrainerActor
-from tests.k8s_objects import trainjob_body, workload_body
 
 NOTES = Annotations()
 

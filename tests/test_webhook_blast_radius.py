@@ -58,8 +58,8 @@ from holdwarden.localcluster import (
     TRAINER_IDENTITY,
     LocalCluster,
 )
+from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations, Resource
-from tests.k8s_objects import trainjob_body, workload_body
 from tests.shipped_webhook import (
     WEBHOOK_MANIFEST,
     shipped_match_conditions,

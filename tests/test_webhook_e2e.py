@@ -34,8 +34,8 @@ from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from tests.k8s_objects import trainjob_body, workload_body
 from tests.shipped_webhook import shipped_match_conditions, shipped_webhook
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer

@@ -39,7 +39,8 @@ from holdwarden.localcluster import (
     SUPERVISOR_IDENTITY,
     LocalCluster,
 )
-from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from holdwarden.localcluster.builders import kueue_workload_body, trainjob_body
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 
 DEMO_LABEL = "holdwarden-demo"
 WEBHOOK_CONFIG = "holdwarden-enforcer"
@@ -176,36 +177,9 @@ def _play_kueue(api: k8s.ApiClient, namespace: str, name: str) -> threading.Thre
         else:
             return
         uid = job["metadata"]["uid"]
-        body = {
-            "apiVersion": WORKLOAD.api_version,
-            "kind": WORKLOAD.kind,
-            "metadata": {
-                "name": f"trainjob-{name}-{uid[:5]}",
-                "labels": {JOB_UID_LABEL: uid},
-                "ownerReferences": [
-                    {
-                        "apiVersion": TRAINJOB.api_version,
-                        "kind": TRAINJOB.kind,
-                        "name": name,
-                        "uid": uid,
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": {
-                "queueName": "team-a",
-                "podSets": [
-                    {
-                        "name": "node",
-                        "count": 2,
-                        "template": {
-                            "spec": {"containers": [{"name": "trainer", "image": "pytorch"}]}
-                        },
-                    }
-                ],
-            },
-        }
+        body = kueue_workload_body(
+            job, f"trainjob-{name}-{uid[:5]}", queue="team-a", count=2, image="pytorch"
+        )
         custom.create_namespaced_custom_object(
             WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, body
         )
@@ -216,13 +190,7 @@ def _play_kueue(api: k8s.ApiClient, namespace: str, name: str) -> threading.Thre
 
 
 def _trainjob(namespace: str, name: str, *, queue: str | None) -> dict[str, Any]:
-    labels = {QUEUE_NAME_LABEL: queue} if queue else {}
-    return {
-        "apiVersion": TRAINJOB.api_version,
-        "kind": TRAINJOB.kind,
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {"runtimeRef": {"name": "torch-distributed"}},
-    }
+    return trainjob_body(name, namespace=namespace, queue=queue)
 
 
 def _annotations(obj: dict[str, Any], prefix: str) -> dict[str, str]:

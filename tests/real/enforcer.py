@@ -26,6 +26,7 @@ from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
 from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from readmission.controller import (
     ADMISSION_CHECK_GROUP,
@@ -33,7 +34,6 @@ from readmission.controller import (
     ADMISSION_CHECKS,
     ReadmissionGate,
 )
-from tests.k8s_objects import trainjob_body
 from tests.shipped_webhook import shipped_match_conditions
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer

@@ -11,8 +11,8 @@ import yaml
 from kubernetes import client as k8s
 
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import JOB_UID_LABEL, JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD
-from tests.k8s_objects import trainjob_body
 from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]

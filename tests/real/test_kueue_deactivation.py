@@ -11,7 +11,7 @@ from adapter import Adapter
 from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from tests.k8s_objects import trainjob_body
+from holdwarden.localcluster.builders import trainjob_body
 from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
 from tests.real.story import Objects, condition, meta, with_requests
 

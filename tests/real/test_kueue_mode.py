@@ -23,9 +23,9 @@ from adapter import Adapter, Ref
 from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import Annotations
 from tests.actors import Watcher
-from tests.k8s_objects import trainjob_body
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
 from tests.real.story import (

@@ -19,9 +19,9 @@ from adapter.errors import PodsRemain
 from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import Annotations
 from tests.actors import Watcher
-from tests.k8s_objects import trainjob_body
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.queues import eventually
 from tests.real.story import Objects, assert_no_false_positives, live_pod_sets, meta, with_requests

@@ -17,8 +17,8 @@ from adapter import Adapter
 from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import EDITOR_USER, SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, Annotations
-from tests.k8s_objects import trainjob_body
 from tests.real.enforcer import Enforcement
 from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
 from tests.real.story import Objects, meta, with_requests
