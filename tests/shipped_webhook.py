@@ -20,6 +20,13 @@ def shipped_webhook() -> dict[str, Any]:
     return copy.deepcopy(dict(hook))
 
 
+def shipped_rules(api_versions: str = "*") -> list[dict[str, Any]]:
+    """The shipped rules (resources and operations: DELETE for Workloads), for every served
+    version unless ``api_versions`` names one (tests also write through other versions)."""
+    rules = shipped_webhook()["rules"]
+    return [dict(rule, apiVersions=[api_versions]) for rule in rules]
+
+
 def shipped_match_conditions() -> list[dict[str, str]]:
     """The shipped ``matchConditions``, verbatim."""
     return list(shipped_webhook()["matchConditions"])

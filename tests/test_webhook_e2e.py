@@ -36,7 +36,7 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from tests.shipped_webhook import shipped_match_conditions, shipped_webhook
+from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
 
@@ -120,18 +120,8 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
     server, stop = _serve_in_thread(config, ReloadingTLS(work / "tls.crt", work / "tls.key"))
     token = uuid.uuid4().hex[:12]
     vwc_name = f"holdwarden-e2e-{token}"
-    # The shipped operations per resource (manifests/webhook.yaml): DELETE for Workloads.
-    operations = {str(r["resources"][0]): list(r["operations"]) for r in shipped_webhook()["rules"]}
-    rules = [
-        {
-            "apiGroups": [coords.group],
-            "apiVersions": ["*"],
-            "operations": operations[coords.plural],
-            "resources": [coords.plural],
-            "scope": "Namespaced",
-        }
-        for coords in (TRAINJOB, WORKLOAD)
-    ]
+    # The shipped rules (manifests/webhook.yaml): DELETE for Workloads too.
+    rules = shipped_rules()
     body: Any = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",

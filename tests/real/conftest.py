@@ -6,14 +6,13 @@ webhooks registered (holdwarden/localcluster/controllers.py). If any of them can
 built or cannot start, the fixture fails the tests with that controller's log tail; it
 never skips them.
 
-The suite is opt-in for now (``HOLDWARDEN_REAL_CONTROLLERS=1``, or ``make test-real``):
-without it the folder is not collected at all, so nothing here is reported as skipped or
-passed. It becomes part of the default run once it is reliable on a busy 2-core machine.
+The suite is part of the default run (``make test``; ``make test-real`` runs it alone).
+``make binaries`` builds the controllers first; a bare ``pytest`` builds any that are
+missing when the first test here needs them.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
@@ -23,11 +22,7 @@ from kubernetes import client as k8s
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.controllers import CONTROLLERS
 
-OPT_IN = "HOLDWARDEN_REAL_CONTROLLERS"
 REAL_NAMESPACE_LABEL = "holdwarden-real-test"
-
-if os.environ.get(OPT_IN) != "1":
-    collect_ignore_glob = ["test_*.py"]
 
 
 _RSS: dict[str, tuple[int, int]] = {}

@@ -27,14 +27,14 @@ from certs.reload import ReloadingTLS
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
 from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from holdwarden.vocabulary import TRAINJOB, Annotations
 from readmission.controller import (
     ADMISSION_CHECK_GROUP,
     ADMISSION_CHECK_VERSION,
     ADMISSION_CHECKS,
     ReadmissionGate,
 )
-from tests.shipped_webhook import shipped_match_conditions
+from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
 
@@ -159,15 +159,9 @@ def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
                                 "url": f"https://127.0.0.1:{server.port}/validate",
                                 "caBundle": base64.b64encode(ca.cert_pem).decode(),
                             },
-                            "rules": [
-                                {
-                                    "apiGroups": [TRAINJOB.group, WORKLOAD.group],
-                                    "apiVersions": ["*"],
-                                    "operations": ["CREATE", "UPDATE"],
-                                    "resources": [TRAINJOB.plural, WORKLOAD.plural],
-                                    "scope": "Namespaced",
-                                }
-                            ],
+                            # As shipped: DELETE of a held Workload is judged too, so
+                            # the garbage collector's deletes meet the enforcer here.
+                            "rules": shipped_rules(),
                             "namespaceSelector": {"matchLabels": {ENFORCED_LABEL: token}},
                             "matchConditions": shipped_match_conditions(),
                         }
