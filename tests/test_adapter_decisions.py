@@ -92,87 +92,188 @@ def hold(o: dict[str, Any], mode: str, m: int, **kw: Any) -> Decision:
     ("mode", "spec", "ann", "m", "kw", "expected"),
     [
         # no hold in force: write
-        ("kueue", {}, None, 1, {}, Outcome.WRITE),
-        ("plain", {"suspend": False}, None, 1, {}, Outcome.WRITE),
+        pytest.param("kueue", {}, None, 1, {}, Outcome.WRITE, id="kueue-no-hold-writes"),
+        pytest.param(
+            "plain", {"suspend": False}, None, 1, {}, Outcome.WRITE, id="plain-no-hold-writes"
+        ),
         # same instance in force (field set): an earlier try landed / idempotent
-        ("kueue", {"active": False}, held_ann("3"), 3, {}, Outcome.DONE),
-        ("plain", {"suspend": True}, held_ann("3"), 3, {}, Outcome.DONE),
+        pytest.param(
+            "kueue",
+            {"active": False},
+            held_ann("3"),
+            3,
+            {},
+            Outcome.DONE,
+            id="kueue-same-instance-in-force-is-done",
+        ),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            held_ann("3"),
+            3,
+            {},
+            Outcome.DONE,
+            id="plain-same-instance-in-force-is-done",
+        ),
         # same instance annotated but hold field not set (no enforcer): re-assert
-        ("kueue", {"active": True}, held_ann("3"), 3, {}, Outcome.WRITE),
-        ("plain", {"suspend": False}, held_ann("3"), 3, {}, Outcome.WRITE),
+        pytest.param(
+            "kueue",
+            {"active": True},
+            held_ann("3"),
+            3,
+            {},
+            Outcome.WRITE,
+            id="kueue-same-instance-field-unset-reasserts",
+        ),
+        pytest.param(
+            "plain",
+            {"suspend": False},
+            held_ann("3"),
+            3,
+            {},
+            Outcome.WRITE,
+            id="plain-same-instance-field-unset-reasserts",
+        ),
         # older instance in force on the first read: a newer hold supersedes
-        ("kueue", {"active": False}, held_ann("2"), 3, {}, Outcome.WRITE),
-        ("plain", {"suspend": True}, held_ann("2"), 3, {}, Outcome.WRITE),
+        pytest.param(
+            "kueue",
+            {"active": False},
+            held_ann("2"),
+            3,
+            {},
+            Outcome.WRITE,
+            id="kueue-older-instance-in-force-is-superseded",
+        ),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            held_ann("2"),
+            3,
+            {},
+            Outcome.WRITE,
+            id="plain-older-instance-in-force-is-superseded",
+        ),
         # newer instance in force: stale, first read or after a conflict
-        ("kueue", {"active": False}, held_ann("4"), 3, {}, Outcome.STALE),
-        ("plain", {"suspend": True}, held_ann("4"), 3, {}, Outcome.STALE),
-        (
+        pytest.param(
+            "kueue",
+            {"active": False},
+            held_ann("4"),
+            3,
+            {},
+            Outcome.STALE,
+            id="kueue-newer-instance-in-force-is-stale",
+        ),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            held_ann("4"),
+            3,
+            {},
+            Outcome.STALE,
+            id="plain-newer-instance-in-force-is-stale",
+        ),
+        pytest.param(
             "kueue",
             {"active": False},
             held_ann("4"),
             3,
             {"after_conflict": True, "last_seen_instance": "4"},
             Outcome.STALE,
+            id="kueue-newer-instance-in-force-after-conflict-is-stale",
         ),
         # after a conflict: same instance seen as before -> some other writer: retry
-        ("kueue", {}, None, 3, {"after_conflict": True, "last_seen_instance": None}, Outcome.WRITE),
-        (
+        pytest.param(
+            "kueue",
+            {},
+            None,
+            3,
+            {"after_conflict": True, "last_seen_instance": None},
+            Outcome.WRITE,
+            id="kueue-after-conflict-no-hold-as-before-retries",
+        ),
+        pytest.param(
             "plain",
             {"suspend": True},
             held_ann("2"),
             3,
             {"after_conflict": True, "last_seen_instance": "2"},
             Outcome.WRITE,
+            id="plain-after-conflict-same-instance-as-before-retries",
         ),
         # after a conflict: an instance other than the one the last read saw -> stale
-        (
+        pytest.param(
             "kueue",
             {"active": False},
             held_ann("2"),
             3,
             {"after_conflict": True, "last_seen_instance": None},
             Outcome.STALE,
+            id="kueue-after-conflict-instance-appeared-is-stale",
         ),
-        (
+        pytest.param(
             "plain",
             {"suspend": False},
             None,
             3,
             {"after_conflict": True, "last_seen_instance": "2"},
             Outcome.STALE,
+            id="plain-after-conflict-instance-gone-is-stale",
         ),
         # after a conflict: our own instance now in force -> success
-        (
+        pytest.param(
             "kueue",
             {"active": False},
             held_ann("3"),
             3,
             {"after_conflict": True, "last_seen_instance": None},
             Outcome.DONE,
+            id="kueue-after-conflict-own-instance-in-force-is-done",
         ),
         # malformed instance: overwritten on a first read
-        ("kueue", {"active": False}, held_ann("01"), 3, {}, Outcome.WRITE),
-        ("plain", {"suspend": True}, held_ann("x"), 3, {}, Outcome.WRITE),
+        pytest.param(
+            "kueue",
+            {"active": False},
+            held_ann("01"),
+            3,
+            {},
+            Outcome.WRITE,
+            id="kueue-malformed-leading-zero-overwritten-on-first-read",
+        ),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            held_ann("x"),
+            3,
+            {},
+            Outcome.WRITE,
+            id="plain-malformed-text-overwritten-on-first-read",
+        ),
         # ...and after a conflict only if the previous read saw the same text
-        (
+        pytest.param(
             "kueue",
             {"active": False},
             held_ann("x"),
             3,
             {"after_conflict": True, "last_seen_instance": "x"},
             Outcome.WRITE,
+            id="kueue-malformed-after-conflict-same-text-overwrites",
         ),
-        (
+        pytest.param(
             "kueue",
             {"active": False},
             held_ann("x"),
             3,
             {"after_conflict": True, "last_seen_instance": "y"},
             Outcome.STALE,
+            id="kueue-malformed-after-conflict-other-text-is-stale",
         ),
         # invalid calls
-        ("kueue", {}, None, 0, {}, Outcome.INVALID),
-        ("plain", {}, None, -1, {}, Outcome.INVALID),
+        pytest.param(
+            "kueue", {}, None, 0, {}, Outcome.INVALID, id="kueue-instance-zero-is-invalid"
+        ),
+        pytest.param(
+            "plain", {}, None, -1, {}, Outcome.INVALID, id="plain-negative-instance-is-invalid"
+        ),
     ],
 )
 def test_hold_table(
@@ -244,19 +345,86 @@ OPENED = {A.opened: "2026-01-01T00:00:00Z"}
     ("mode", "ann", "conds", "pods", "expected", "suspend_after", "attempt_after"),
     [
         # instance in force
-        ("kueue", held_ann("3"), None, None, Outcome.WRITE, None, None),
+        pytest.param(
+            "kueue",
+            held_ann("3"),
+            None,
+            None,
+            Outcome.WRITE,
+            None,
+            None,
+            id="kueue-instance-in-force-writes",
+        ),
         # other instance, none, or malformed -> stale
-        ("kueue", held_ann("4"), None, None, Outcome.STALE, None, None),
-        ("kueue", held_ann("2"), None, None, Outcome.STALE, None, None),
-        ("kueue", None, None, None, Outcome.STALE, None, None),
-        ("kueue", held_ann("03"), None, None, Outcome.STALE, None, None),
-        ("plain", held_ann("4"), None, None, Outcome.STALE, None, None),
-        ("plain", {}, None, None, Outcome.STALE, None, None),
+        pytest.param(
+            "kueue",
+            held_ann("4"),
+            None,
+            None,
+            Outcome.STALE,
+            None,
+            None,
+            id="kueue-newer-instance-is-stale",
+        ),
+        pytest.param(
+            "kueue",
+            held_ann("2"),
+            None,
+            None,
+            Outcome.STALE,
+            None,
+            None,
+            id="kueue-older-instance-is-stale",
+        ),
+        pytest.param(
+            "kueue", None, None, None, Outcome.STALE, None, None, id="kueue-no-annotations-is-stale"
+        ),
+        pytest.param(
+            "kueue",
+            held_ann("03"),
+            None,
+            None,
+            Outcome.STALE,
+            None,
+            None,
+            id="kueue-malformed-instance-is-stale",
+        ),
+        pytest.param(
+            "plain",
+            held_ann("4"),
+            None,
+            None,
+            Outcome.STALE,
+            None,
+            None,
+            id="plain-other-instance-is-stale",
+        ),
+        pytest.param(
+            "plain", {}, None, None, Outcome.STALE, None, None, id="plain-no-hold-is-stale"
+        ),
         # plain, held before opened: stays suspended, no attempt
-        ("plain", held_ann("3"), None, None, Outcome.WRITE, True, None),
+        pytest.param(
+            "plain",
+            held_ann("3"),
+            None,
+            None,
+            Outcome.WRITE,
+            True,
+            None,
+            id="plain-held-before-opened-stays-suspended-no-attempt",
+        ),
         # plain, opened, not ended, no pods: unsuspend and A+1
-        ("plain", {**held_ann("3"), **OPENED}, None, False, Outcome.WRITE, False, "1"),
-        (
+        pytest.param(
+            "plain",
+            {**held_ann("3"), **OPENED},
+            None,
+            False,
+            Outcome.WRITE,
+            False,
+            "1",
+            id="plain-opened-no-pods-unsuspends-attempt-1",
+        ),
+        pytest.param(
             "plain",
             {**held_ann("3"), **OPENED, A.attempt: "4"},
             None,
@@ -264,11 +432,21 @@ OPENED = {A.opened: "2026-01-01T00:00:00Z"}
             Outcome.WRITE,
             False,
             "5",
+            id="plain-opened-no-pods-unsuspends-attempt-4-to-5",
         ),
         # plain, opened, pods remain: nothing written
-        ("plain", {**held_ann("3"), **OPENED}, None, True, Outcome.PODS_REMAIN, None, None),
+        pytest.param(
+            "plain",
+            {**held_ann("3"), **OPENED},
+            None,
+            True,
+            Outcome.PODS_REMAIN,
+            None,
+            None,
+            id="plain-opened-pods-remain-writes-nothing",
+        ),
         # plain, opened but ended: stays suspended
-        (
+        pytest.param(
             "plain",
             {**held_ann("3"), **OPENED},
             [cond("Complete")],
@@ -276,8 +454,9 @@ OPENED = {A.opened: "2026-01-01T00:00:00Z"}
             Outcome.WRITE,
             True,
             None,
+            id="plain-opened-complete-stays-suspended",
         ),
-        (
+        pytest.param(
             "plain",
             {**held_ann("3"), **OPENED, A.attempt: "2"},
             [cond("Failed")],
@@ -285,9 +464,10 @@ OPENED = {A.opened: "2026-01-01T00:00:00Z"}
             Outcome.WRITE,
             True,
             "2",
+            id="plain-opened-failed-stays-suspended-keeps-attempt",
         ),
         # a False Complete condition is not ended
-        (
+        pytest.param(
             "plain",
             {**held_ann("3"), **OPENED},
             [cond("Complete", "False")],
@@ -295,9 +475,10 @@ OPENED = {A.opened: "2026-01-01T00:00:00Z"}
             Outcome.WRITE,
             False,
             "1",
+            id="plain-false-complete-is-not-ended",
         ),
         # garbled attempt: refuse rather than guess A
-        (
+        pytest.param(
             "plain",
             {**held_ann("3"), **OPENED, A.attempt: "two"},
             None,
@@ -305,6 +486,7 @@ OPENED = {A.opened: "2026-01-01T00:00:00Z"}
             Outcome.REJECTED,
             None,
             None,
+            id="plain-garbled-attempt-is-rejected",
         ),
     ],
 )
@@ -351,22 +533,112 @@ def test_release_would_unsuspend() -> None:
     ("mode", "spec", "ann", "conds", "expected", "suspend_after", "attempt_after"),
     [
         # at the start gate: open and run (plain)
-        ("plain", {"suspend": True}, None, None, Outcome.WRITE, False, "1"),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            None,
+            None,
+            Outcome.WRITE,
+            False,
+            "1",
+            id="plain-at-start-gate-opens-and-runs",
+        ),
         # held (any value): opened mark only, stays suspended
-        ("plain", {"suspend": True}, held_ann("2"), None, Outcome.WRITE, True, None),
-        ("plain", {"suspend": True}, held_ann("bad"), None, Outcome.WRITE, True, None),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            held_ann("2"),
+            None,
+            Outcome.WRITE,
+            True,
+            None,
+            id="plain-held-marks-only",
+        ),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            held_ann("bad"),
+            None,
+            Outcome.WRITE,
+            True,
+            None,
+            id="plain-held-garbled-instance-marks-only",
+        ),
         # ended: mark only
-        ("plain", {"suspend": True}, None, [cond("Complete")], Outcome.WRITE, True, None),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            None,
+            [cond("Complete")],
+            Outcome.WRITE,
+            True,
+            None,
+            id="plain-ended-marks-only",
+        ),
         # not suspended (not created by Start): mark only
-        ("plain", {"suspend": False}, None, None, Outcome.WRITE, False, None),
+        pytest.param(
+            "plain",
+            {"suspend": False},
+            None,
+            None,
+            Outcome.WRITE,
+            False,
+            None,
+            id="plain-not-suspended-marks-only",
+        ),
         # already opened: idempotent, nothing written (even if suspended by someone)
-        ("plain", {"suspend": True}, OPENED, None, Outcome.DONE, None, None),
-        ("kueue", {"suspend": True}, OPENED, None, Outcome.DONE, None, None),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            OPENED,
+            None,
+            Outcome.DONE,
+            None,
+            None,
+            id="plain-already-opened-is-done",
+        ),
+        pytest.param(
+            "kueue",
+            {"suspend": True},
+            OPENED,
+            None,
+            Outcome.DONE,
+            None,
+            None,
+            id="kueue-already-opened-is-done",
+        ),
         # Kueue mode: only the mark, never spec.suspend
-        ("kueue", {"suspend": True}, None, None, Outcome.WRITE, True, None),
-        ("kueue", {}, None, None, Outcome.WRITE, "absent", None),
+        pytest.param(
+            "kueue",
+            {"suspend": True},
+            None,
+            None,
+            Outcome.WRITE,
+            True,
+            None,
+            id="kueue-suspended-marks-only-never-suspend",
+        ),
+        pytest.param(
+            "kueue",
+            {},
+            None,
+            None,
+            Outcome.WRITE,
+            "absent",
+            None,
+            id="kueue-no-suspend-field-marks-only",
+        ),
         # garbled attempt at the gate
-        ("plain", {"suspend": True}, {A.attempt: "-1"}, None, Outcome.REJECTED, None, None),
+        pytest.param(
+            "plain",
+            {"suspend": True},
+            {A.attempt: "-1"},
+            None,
+            Outcome.REJECTED,
+            None,
+            None,
+            id="plain-garbled-attempt-at-gate-is-rejected",
+        ),
     ],
 )
 def test_open_table(
@@ -418,9 +690,11 @@ def wl(
     ("trainjob", "workload", "state", "cause"),
     [
         # held by us
-        (tj(ann=OPENED), wl(active=False, ann=held_ann("2")), State.HELD, None),
+        pytest.param(
+            tj(ann=OPENED), wl(active=False, ann=held_ann("2")), State.HELD, None, id="held-by-us"
+        ),
         # held by us while Kueue also reports a cause: still ours
-        (
+        pytest.param(
             tj(ann=OPENED),
             wl(
                 active=False,
@@ -429,9 +703,10 @@ def wl(
             ),
             State.HELD,
             "AdmissionCheck",
+            id="held-by-us-while-kueue-reports-a-cause",
         ),
         # Kueue's own deactivations, by reason
-        (
+        pytest.param(
             tj(ann=OPENED),
             wl(
                 active=False,
@@ -439,8 +714,9 @@ def wl(
             ),
             State.DEACTIVATED_BY_KUEUE,
             "MaximumExecutionTimeExceeded",
+            id="kueue-deactivated-max-execution-time",
         ),
-        (
+        pytest.param(
             tj(ann=OPENED),
             wl(
                 active=False,
@@ -448,44 +724,79 @@ def wl(
             ),
             State.DEACTIVATED_BY_KUEUE,
             "RequeuingLimitExceeded",
+            id="kueue-deactivated-requeuing-limit",
         ),
         # DeactivationTarget in progress (still active=true)
-        (
+        pytest.param(
             tj(suspend=False, ann=OPENED),
             wl(active=True, conds=[cond("DeactivationTarget", reason="RequeuingLimitExceeded")]),
             State.DEACTIVATED_BY_KUEUE,
             "RequeuingLimitExceeded",
+            id="kueue-deactivation-target-in-progress",
         ),
         # someone else: reason exactly Deactivated, no hold annotation
-        (
+        pytest.param(
             tj(ann=OPENED),
             wl(active=False, conds=[cond("Evicted", reason="Deactivated")]),
             State.DEACTIVATED_BY_OTHER,
             None,
+            id="other-deactivated-reason-deactivated",
         ),
         # someone else, before Kueue reacted (no condition yet)
-        (tj(ann=OPENED), wl(active=False), State.DEACTIVATED_BY_OTHER, None),
+        pytest.param(
+            tj(ann=OPENED),
+            wl(active=False),
+            State.DEACTIVATED_BY_OTHER,
+            None,
+            id="other-deactivated-before-kueue-reacted",
+        ),
         # a garbled annotation with active=true is not a hold in force
-        (tj(suspend=False, ann=OPENED), wl(ann=held_ann("2")), State.RUNNING, None),
+        pytest.param(
+            tj(suspend=False, ann=OPENED),
+            wl(ann=held_ann("2")),
+            State.RUNNING,
+            None,
+            id="hold-annotation-on-active-workload-is-running",
+        ),
         # start gate, running, waiting for admission
-        (tj(), wl(), State.AT_START_GATE, None),
-        (tj(), None, State.AT_START_GATE, None),
-        (tj(suspend=False, ann=OPENED), wl(active=None), State.RUNNING, None),
-        (tj(ann=OPENED), wl(), State.WAITING_FOR_ADMISSION, None),
-        (tj(ann=OPENED), None, State.WAITING_FOR_ADMISSION, None),
+        pytest.param(tj(), wl(), State.AT_START_GATE, None, id="start-gate-with-workload"),
+        pytest.param(tj(), None, State.AT_START_GATE, None, id="start-gate-without-workload"),
+        pytest.param(
+            tj(suspend=False, ann=OPENED),
+            wl(active=None),
+            State.RUNNING,
+            None,
+            id="running-workload-without-active-field",
+        ),
+        pytest.param(
+            tj(ann=OPENED),
+            wl(),
+            State.WAITING_FOR_ADMISSION,
+            None,
+            id="waiting-for-admission-with-workload",
+        ),
+        pytest.param(
+            tj(ann=OPENED),
+            None,
+            State.WAITING_FOR_ADMISSION,
+            None,
+            id="waiting-for-admission-without-workload",
+        ),
         # ended wins
-        (
+        pytest.param(
             tj(ann=OPENED, conds=[cond("Failed")]),
             wl(active=False, ann=held_ann("2")),
             State.ENDED,
             None,
+            id="ended-wins-over-hold",
         ),
         # a False Evicted condition is no cause
-        (
+        pytest.param(
             tj(ann=OPENED),
             wl(conds=[cond("Evicted", "False", "DeactivatedDueToAdmissionCheck")]),
             State.WAITING_FOR_ADMISSION,
             None,
+            id="false-evicted-is-no-cause",
         ),
     ],
 )
@@ -518,14 +829,22 @@ def test_classify_held_fields_and_attempt() -> None:
 @pytest.mark.parametrize(
     ("trainjob", "state"),
     [
-        (tj(ann=held_ann("2")), State.HELD),
-        (tj(ann={**held_ann("2"), **OPENED}), State.HELD),
-        (tj(), State.AT_START_GATE),
-        (tj(suspend=False, ann=OPENED), State.RUNNING),
-        (tj(ann=OPENED), State.DEACTIVATED_BY_OTHER),
-        (tj(ann=OPENED, conds=[cond("Complete")]), State.ENDED),
+        pytest.param(tj(ann=held_ann("2")), State.HELD, id="held"),
+        pytest.param(tj(ann={**held_ann("2"), **OPENED}), State.HELD, id="held-after-opened"),
+        pytest.param(tj(), State.AT_START_GATE, id="at-start-gate"),
+        pytest.param(tj(suspend=False, ann=OPENED), State.RUNNING, id="running"),
+        pytest.param(
+            tj(ann=OPENED),
+            State.DEACTIVATED_BY_OTHER,
+            id="suspended-after-opened-is-deactivated-by-other",
+        ),
+        pytest.param(tj(ann=OPENED, conds=[cond("Complete")]), State.ENDED, id="ended"),
         # an annotation on an unsuspended TrainJob is not a hold in force
-        (tj(suspend=False, ann={**held_ann("2"), **OPENED}), State.RUNNING),
+        pytest.param(
+            tj(suspend=False, ann={**held_ann("2"), **OPENED}),
+            State.RUNNING,
+            id="hold-annotation-on-unsuspended-is-running",
+        ),
     ],
 )
 def test_classify_plain(trainjob: dict[str, Any], state: State) -> None:
@@ -548,7 +867,15 @@ def test_format_time_is_utc_rfc3339() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [(None, 0), ("0", 0), ("12", 12), ("012", None), ("-1", None), ("", None), ("1.0", None)],
+    [
+        pytest.param(None, 0, id="absent"),
+        pytest.param("0", 0, id="zero"),
+        pytest.param("12", 12, id="twelve"),
+        pytest.param("012", None, id="leading-zero"),
+        pytest.param("-1", None, id="negative"),
+        pytest.param("", None, id="empty"),
+        pytest.param("1.0", None, id="decimal-point"),
+    ],
 )
 def test_parse_attempt(text: str | None, value: int | None) -> None:
     assert parse_attempt(text) == value
@@ -581,23 +908,71 @@ def test_start_body_kueue_leaves_suspend_alone() -> None:
 @pytest.mark.parametrize(
     ("mode", "mutate", "field"),
     [
-        ("plain", lambda b: b["metadata"].pop("namespace"), "metadata.namespace"),
-        ("plain", lambda b: b["metadata"].update(name="Bad_Name"), "metadata.name"),
-        ("plain", lambda b: b["metadata"].update(name="1abc"), "metadata.name"),
-        ("plain", lambda b: b.update(kind="Job"), "kind"),
-        ("plain", lambda b: b.update(apiVersion="v1"), "apiVersion"),
-        ("plain", lambda b: b.update(spec={}), "spec.runtimeRef.name"),
-        ("plain", lambda b: b["spec"].update(suspend=False), "spec.suspend"),
-        ("plain", lambda b: b["spec"].update(suspend="yes"), "spec.suspend"),
-        ("plain", lambda b: b["metadata"].update(resourceVersion="1"), "metadata.resourceVersion"),
-        (
+        pytest.param(
+            "plain",
+            lambda b: b["metadata"].pop("namespace"),
+            "metadata.namespace",
+            id="plain-missing-namespace",
+        ),
+        pytest.param(
+            "plain",
+            lambda b: b["metadata"].update(name="Bad_Name"),
+            "metadata.name",
+            id="plain-name-with-underscore",
+        ),
+        pytest.param(
+            "plain",
+            lambda b: b["metadata"].update(name="1abc"),
+            "metadata.name",
+            id="plain-name-starting-with-digit",
+        ),
+        pytest.param("plain", lambda b: b.update(kind="Job"), "kind", id="plain-wrong-kind"),
+        pytest.param(
+            "plain", lambda b: b.update(apiVersion="v1"), "apiVersion", id="plain-wrong-api-version"
+        ),
+        pytest.param(
+            "plain",
+            lambda b: b.update(spec={}),
+            "spec.runtimeRef.name",
+            id="plain-missing-runtime-ref",
+        ),
+        pytest.param(
+            "plain",
+            lambda b: b["spec"].update(suspend=False),
+            "spec.suspend",
+            id="plain-suspend-false",
+        ),
+        pytest.param(
+            "plain",
+            lambda b: b["spec"].update(suspend="yes"),
+            "spec.suspend",
+            id="plain-suspend-not-a-bool",
+        ),
+        pytest.param(
+            "plain",
+            lambda b: b["metadata"].update(resourceVersion="1"),
+            "metadata.resourceVersion",
+            id="plain-resource-version-set",
+        ),
+        pytest.param(
             "plain",
             lambda b: b["metadata"].update(annotations={A.hold_instance: "1"}),
             A.hold_instance,
+            id="plain-hold-annotation-set",
         ),
-        ("plain", lambda b: b["metadata"].update(annotations={A.attempt: "1"}), A.attempt),
-        ("plain", lambda b: b["metadata"].update(labels={QUEUE_NAME_LABEL: "q"}), QUEUE_NAME_LABEL),
-        ("kueue", lambda b: None, QUEUE_NAME_LABEL),
+        pytest.param(
+            "plain",
+            lambda b: b["metadata"].update(annotations={A.attempt: "1"}),
+            A.attempt,
+            id="plain-attempt-annotation-set",
+        ),
+        pytest.param(
+            "plain",
+            lambda b: b["metadata"].update(labels={QUEUE_NAME_LABEL: "q"}),
+            QUEUE_NAME_LABEL,
+            id="plain-queue-label-set",
+        ),
+        pytest.param("kueue", lambda b: None, QUEUE_NAME_LABEL, id="kueue-missing-queue-label"),
     ],
 )
 def test_start_body_invalid_names_the_field(mode: str, mutate: Any, field: str) -> None:

@@ -66,14 +66,28 @@ def decide(wl: dict[str, Any], tj: dict[str, Any] | None, pods: int = 0) -> Any:
 @pytest.mark.parametrize(
     ("wl", "tj", "pods", "why"),
     [
-        (workload(), None, 0, "its TrainJob was not found"),
-        (workload(), trainjob(opened=False), 0, "has not been opened"),
-        (workload(), trainjob(ended="Complete"), 0, "has ended (Complete)"),
-        (workload(), trainjob(ended="Failed"), 0, "has ended (Failed)"),
-        (workload(hold="3"), trainjob(), 0, "hold instance 3 is in force"),
-        (workload(hold="garbled"), trainjob(), 0, "hold instance garbled is in force"),
-        (workload(active=False), trainjob(), 0, "deactivated"),
-        (workload(), trainjob(), 2, "2 pod(s) of the previous execution remain"),
+        pytest.param(workload(), None, 0, "its TrainJob was not found", id="trainjob-not-found"),
+        pytest.param(workload(), trainjob(opened=False), 0, "has not been opened", id="not-opened"),
+        pytest.param(
+            workload(), trainjob(ended="Complete"), 0, "has ended (Complete)", id="ended-complete"
+        ),
+        pytest.param(
+            workload(), trainjob(ended="Failed"), 0, "has ended (Failed)", id="ended-failed"
+        ),
+        pytest.param(
+            workload(hold="3"), trainjob(), 0, "hold instance 3 is in force", id="hold-in-force"
+        ),
+        pytest.param(
+            workload(hold="garbled"),
+            trainjob(),
+            0,
+            "hold instance garbled is in force",
+            id="garbled-hold-in-force",
+        ),
+        pytest.param(workload(active=False), trainjob(), 0, "deactivated", id="deactivated"),
+        pytest.param(
+            workload(), trainjob(), 2, "2 pod(s) of the previous execution remain", id="pods-remain"
+        ),
     ],
 )
 def test_pending_check_waits_and_says_why(
@@ -139,9 +153,11 @@ def test_ready_check_raises_attempt_once() -> None:
 @pytest.mark.parametrize(
     "wl",
     [
-        workload(state="Retry"),
-        workload(state="Rejected"),
-        workload(state="Ready", message="set by someone else"),
+        pytest.param(workload(state="Retry"), id="retry"),
+        pytest.param(workload(state="Rejected"), id="rejected"),
+        pytest.param(
+            workload(state="Ready", message="set by someone else"), id="ready-set-by-someone-else"
+        ),
     ],
 )
 def test_states_that_are_not_ours_are_left_alone(wl: dict[str, Any]) -> None:
