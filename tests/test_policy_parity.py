@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from holdwarden.localcluster import KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster import EDITOR_USER, KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import DEFAULT_WORKLOAD_DELETERS, TRAINJOB, WORKLOAD, RuleId
 from tests import policy_corpus as corpus
@@ -183,6 +183,34 @@ def webhook_only(
         stop()
 
 
+def _owner_probe(admin: k8s.ApiClient, namespace: str) -> str:
+    """A dry-run CREATE of a held, suspended TrainJob by the editor (not a holder): only
+    ``hold-owner-only`` refuses it. The rule id if refused, else 'allowed'."""
+    body = trainjob_body(f"probe-{uuid.uuid4().hex[:6]}", suspend=True)
+    body["metadata"]["annotations"] = {"holdwarden.io/hold-instance": "1"}
+    editor = k8s.ApiClient(admin.configuration, "Impersonate-User", EDITOR_USER)
+    try:
+        k8s.CustomObjectsApi(editor).create_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, body, dry_run="All"
+        )
+    except ApiException as exc:
+        return corpus.verdict_of(exc)
+    finally:
+        editor.close()  # type: ignore[no-untyped-call]
+    return "allowed"
+
+
+def wait_for_owner_only(admin: k8s.ApiClient, namespace: str, enforced: bool) -> None:
+    """The apiserver loads each policy and binding on its own: the rules policy being in
+    force says nothing of the owner-only one (a test saw it allow writes a moment on)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (_owner_probe(admin, namespace) == str(RuleId.HOLD_OWNER_ONLY)) == enforced:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"hold-owner-only never {'took' if enforced else 'left'} effect")
+
+
 @contextmanager
 def policy_only(
     admin: k8s.ApiClient, namespace: str, token: str, holders: tuple[str, ...] = ()
@@ -200,6 +228,8 @@ def policy_only(
                 binding(policy["metadata"]["name"], selector)
             )
         wait_for(admin, namespace, True)
+        if holders:
+            wait_for_owner_only(admin, namespace, True)
         yield
     finally:
         for policy in policies:
@@ -207,6 +237,8 @@ def policy_only(
             registrations.delete_validating_admission_policy_binding(name)
             registrations.delete_validating_admission_policy(name)
         wait_for(admin, namespace, False)
+        if holders:
+            wait_for_owner_only(admin, namespace, False)
 
 
 # --- the corpus ---------------------------------------------------------------------------
