@@ -280,6 +280,13 @@ def _print_observation(obs: Observation, output: str | None) -> None:
             f"warning: {len(obs.leftover_pods)} pod(s) of a previous execution remain: "
             f"{', '.join(obs.leftover_pods)}"
         )
+    if obs.ungated_admission:
+        print(
+            f"warning: Workload {obs.workload} was admitted with no AdmissionCheck, so the "
+            "readmission gate did not decide this execution: its pods may request no "
+            "resources (Kueue applies flavor-scoped checks only to a Workload given a flavor), "
+            "or its ClusterQueue lists no check (holdwarden preflight says which)"
+        )
 
 
 def _run_call(args: argparse.Namespace) -> int:

@@ -336,6 +336,7 @@ def classify(
         "ended_reason": objects.ended_reason(trainjob),
         "suspended": suspended,
         "workload": (workload.get("metadata") or {}).get("name") if workload else None,
+        "admission_checks": objects.admission_check_states(workload) if workload else (),
     }
     if common["ended_reason"] is not None:
         return Observation(state=State.ENDED, **common)

@@ -108,6 +108,21 @@ class Observation:
     still terminating), pods not finished after it ended. Sorted names."""
     pods_error: str | None = None
     """Why the pods could not be listed (then ``leftover_pods`` says nothing)."""
+    admission_checks: tuple[tuple[str, str], ...] = ()
+    """Kueue mode: the Workload's AdmissionChecks and their states (``status.admissionChecks``,
+    sorted by name). A job running with none was admitted past the readmission gate: Kueue
+    applies a flavor-scoped check only to a Workload assigned a flavor, and one whose pods
+    request no resources gets none (``ungated_admission``)."""
+
+    @property
+    def ungated_admission(self) -> bool:
+        """Kueue mode: the job runs, and its Workload carries no AdmissionCheck at all, so
+        the readmission gate did not decide this execution (docs/adapter.md, "Observe")."""
+        return (
+            self.workload is not None
+            and self.state is State.RUNNING
+            and not (self.admission_checks)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +142,8 @@ class Observation:
             "workload": self.workload,
             "leftoverPods": list(self.leftover_pods),
             "podsError": self.pods_error,
+            "admissionChecks": dict(self.admission_checks),
+            "ungatedAdmission": self.ungated_admission,
         }
 
 

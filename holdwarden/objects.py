@@ -175,6 +175,19 @@ def condition_true(obj: object, type_: str) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
+def admission_check_states(workload: object) -> tuple[tuple[str, str], ...]:
+    """The Workload's ``status.admissionChecks`` as (name, state) pairs, sorted by name;
+    entries without a text name are left out. Empty: Kueue applied no AdmissionCheck."""
+    found = section(workload, "status").get("admissionChecks")
+    entries = [c for c in found if is_map(c)] if isinstance(found, list) else []
+    pairs = {
+        str(c["name"]): _as_text(c.get("state"))
+        for c in entries
+        if isinstance(c.get("name"), str) and c["name"]
+    }
+    return tuple(sorted(pairs.items()))
+
+
 def ended_reason(trainjob: object) -> str | None:
     """``Complete`` or ``Failed`` when that condition is True; None while not ended."""
     for type_ in ENDED_CONDITIONS:

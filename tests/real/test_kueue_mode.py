@@ -72,6 +72,9 @@ def test_kueue_mode_hold_and_release_on_the_real_controllers(
 
         first = eventually(objects.pod_uids, "Kueue admits and the first pods exist")
         eventually(lambda: objects.attempt() == "1", "the gate records attempt 1")
+        through_gate = adapter.observe(ref)
+        assert not through_gate.ungated_admission, through_gate
+        assert (enforced.check_name, "Ready") in through_gate.admission_checks
         workload = objects.workload()
         assert workload is not None
         workload_uid = workload["metadata"]["uid"]
@@ -203,3 +206,33 @@ def test_a_held_workload_outlives_a_users_delete_and_goes_with_its_trainjob(
     after = enforced.audit()[before:]
     assert {(r["rule"], r["user"]) for r in after} == {("held-workload-kept", "alice")}, after
     assert_no_false_positives(real_cluster, enforced)
+
+
+def test_observe_flags_a_job_admitted_past_the_gate(
+    real_cluster: LocalCluster, real_admin: k8s.ApiClient, enforced: Enforcement
+) -> None:
+    """Found on the real Kueue: a Workload whose pods request no resources is given no
+    flavor, and Kueue applies no flavor-scoped AdmissionCheck to it, so it runs past the
+    readmission gate although its ClusterQueue lists it. Observe says so
+    (``ungated_admission``), as ``holdwarden status`` does."""
+    namespace = real_cluster.create_namespace(
+        f"nogate-{enforced.token[:6]}-{int(time.time()) % 100000}", labels=enforced.labels()
+    )
+    make_queues(real_admin, namespace, admission_checks=[enforced.check_name])
+    objects = Objects(real_admin, namespace)
+    supervisor = real_cluster.api_client(SUPERVISOR_IDENTITY)
+    adapter = Adapter(Config(mode="kueue"), supervisor)
+    try:
+        body = trainjob_body("job", queue=LOCAL_QUEUE, suspend=True)  # no requests
+        body["metadata"]["namespace"] = namespace
+        ref = adapter.start(body, meta())
+        adapter.open(ref, meta())
+        eventually(lambda: not objects.suspended(), "Kueue admits the job")
+        observed = eventually(
+            lambda: (o := adapter.observe(ref)).state is State.RUNNING and o, "it runs"
+        )
+        assert observed.ungated_admission, observed
+        assert observed.admission_checks == ()
+        assert objects.attempt() is None  # the gate never granted it
+    finally:
+        supervisor.close()  # type: ignore[no-untyped-call]
