@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
-_CRD_FILES = (
+CRD_FILES = (
     "trainer.kubeflow.org_trainjobs.yaml",
     "trainer.kubeflow.org_trainingruntimes.yaml",
     "trainer.kubeflow.org_clustertrainingruntimes.yaml",
@@ -82,7 +82,7 @@ def find_crd_dir() -> tuple[Path, str]:
     for root in (repo, Path.cwd()):
         candidates.append((root / "tests" / "crds", "minimal"))
     for folder, kind in candidates:
-        if all((folder / name).is_file() for name in _CRD_FILES):
+        if all((folder / name).is_file() for name in CRD_FILES):
             return folder, kind
     raise ControlPlaneError(
         "no CRDs found: expected the CRD files in $HOLDWARDEN_CRDS, ../shared/crds or "
@@ -162,6 +162,13 @@ class LocalCluster:
         started = time.monotonic()
         binaries = self._binaries or ensure_binaries()
         crd_dir, self.crd_kind = (self._crd_dir, "configured") if self._crd_dir else find_crd_dir()
+        if self._controller_names and self.crd_kind == "minimal":
+            # The real controllers need the real schemas (their defaults above all: Trainer's
+            # webhook refuses a runtime whose replicas the minimal CRD left at 0). Without
+            # ../shared, take the same files from the controllers' own Go modules.
+            from holdwarden.localcluster.controllers import upstream_crd_dir
+
+            crd_dir, self.crd_kind = upstream_crd_dir(), "upstream (Go modules)"
         if self._requested_workdir is not None:
             self._workdir = self._requested_workdir
             self._workdir.mkdir(parents=True, exist_ok=True)
@@ -430,7 +437,7 @@ class LocalCluster:
     def _install_crds(self, crd_dir: Path) -> None:
         names = []
         with self.api_client() as api:
-            for file_name in _CRD_FILES:
+            for file_name in CRD_FILES:
                 body = yaml.safe_load((crd_dir / file_name).read_text())
                 names.append(body["metadata"]["name"])
                 # A plain create, not a client-side apply: the upstream CRDs exceed the

@@ -46,6 +46,7 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -65,7 +66,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 
 from certs.generate import generate_client, generate_serving
-from holdwarden.localcluster.binaries import COMPONENTS, controller_binaries
+from holdwarden.localcluster.binaries import COMPONENTS, cache_dir, controller_binaries
 
 if TYPE_CHECKING:
     from holdwarden.localcluster.cluster import LocalCluster
@@ -90,6 +91,29 @@ def _controlplane_error(message: str) -> Exception:
 
 
 # -- the Go module cache (read-only upstream manifests) ---------------------------------
+
+
+def upstream_crd_dir() -> Path:
+    """A folder with the eight upstream CRD files the local cluster installs, copied from
+    the Kueue and Trainer modules (the same bytes as ../shared/crds), in the cache."""
+    sources = {
+        "trainer.kubeflow.org_": module_root("github.com/kubeflow/trainer/v2",
+                                             COMPONENTS["trainer"].version)
+        / "manifests" / "base" / "crds",
+        "kueue.x-k8s.io_": module_root("sigs.k8s.io/kueue", COMPONENTS["kueue"].version)
+        / "config" / "components" / "crd" / "bases",
+    }  # fmt: skip
+    from holdwarden.localcluster.cluster import CRD_FILES
+
+    versions = "-".join(COMPONENTS[name].version for name in ("kueue", "trainer"))
+    target = cache_dir() / f"crds-{versions}"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in CRD_FILES:
+        (source,) = [folder for prefix, folder in sources.items() if name.startswith(prefix)]
+        partial = target / f"{name}.partial"
+        shutil.copyfile(source / name, partial)
+        partial.replace(target / name)  # never a half-written file where a run reads it
+    return target
 
 
 def module_root(module: str, version: str) -> Path:
