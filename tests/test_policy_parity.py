@@ -341,6 +341,19 @@ def update_latency(
 # --- the table ----------------------------------------------------------------------------
 
 
+def same_owner_outcome(webhook: str, policy: str, rules_policy_alone: str) -> bool:
+    """With hold-owner-only on, the webhook names the first violation in rule order
+    (owner-only last); the policy twin is two policies, and the apiserver names whichever
+    it evaluated first, in no promised order (a run named the owner-only one first for 414
+    writes, others never). So the verdicts agree when they are equal, or when the policy
+    named ``hold-owner-only`` for a write whose rule the webhook named and the rules policy
+    alone refuses by that same rule: both twins refuse it, for the same reasons."""
+    if webhook == policy:
+        return True
+    refused = webhook != "allowed" and not webhook.startswith("error")
+    return refused and policy == str(RuleId.HOLD_OWNER_ONLY) and rules_policy_alone == webhook
+
+
 def parity_table(writes: list[corpus.Write], verdicts: dict[str, list[str]]) -> str:
     total = len(writes)
     same = sum(a == b for a, b in zip(verdicts["webhook"], verdicts["policy"], strict=True))
@@ -359,21 +372,30 @@ def parity_table(writes: list[corpus.Write], verdicts: dict[str, list[str]]) -> 
         lines.append(f"| {label} | {counts['webhook'][verdict]} | {counts['policy'][verdict]} |")
     if all(run in verdicts for run in OWNER_RUNS):
         subset = len(verdicts[OWNER_RUNS[0]])
-        pairs = zip(verdicts[OWNER_RUNS[0]], verdicts[OWNER_RUNS[1]], strict=True)
+        triples = zip(*(verdicts[run] for run in OWNER_RUNS), verdicts["policy"], strict=False)
+        agree = sum(same_owner_outcome(a, b, c) for a, b, c in triples)
         lines += [
             "",
             f"With `hold-owner-only` on in both twins (holder: the supervisor's service account),"
-            f" the first {subset} writes; identical verdicts: {sum(a == b for a, b in pairs)}"
-            f"/{subset}.",
+            f" the first {subset} writes; same verdicts: {agree}/{subset} (allowed by both, or"
+            " refused by both for the same rules; which of two failing policies the apiserver"
+            " names first is not fixed, so the webhook's first rule is shown).",
             "",
             "| verdict | webhook only | policy only |",
             "|---|---|---|",
         ]
         owner_counts = {run: Counter(verdicts[run]) for run in OWNER_RUNS}
-        for verdict in [*order, str(RuleId.HOLD_OWNER_ONLY)]:
-            label = verdict if verdict == "allowed" else f"refused: `{verdict}`"
-            a, b = (owner_counts[run][verdict] for run in OWNER_RUNS)
-            lines.append(f"| {label} | {a} | {b} |")
+        refused_counts = [
+            sum(n for v, n in owner_counts[run].items() if v != "allowed") for run in OWNER_RUNS
+        ]
+        lines.append(
+            f"| allowed | {owner_counts[OWNER_RUNS[0]]['allowed']} "
+            f"| {owner_counts[OWNER_RUNS[1]]['allowed']} |"
+        )
+        lines.append(f"| refused | {refused_counts[0]} | {refused_counts[1]} |")
+        for verdict in [*FIVE_RULES, str(RuleId.HOLD_OWNER_ONLY)]:
+            count = owner_counts[OWNER_RUNS[0]][verdict]
+            lines.append(f"| refused, first rule `{verdict}` | {count} | |")
     lines += ["", "| operation | method | dry run | real | refused |", "|---|---|---|---|---|"]
     groups: Counter[tuple[str, str, bool]] = Counter()
     refused: Counter[tuple[str, str]] = Counter()
@@ -470,13 +492,24 @@ def test_the_policy_gives_the_webhooks_verdicts(
         if a != b
     ]
     assert not mismatches, f"{len(mismatches)} verdicts differ:\n" + "\n".join(mismatches[:25])
-    owned = zip(writes[:OWNER_WRITES], *(verdicts[run] for run in OWNER_RUNS), strict=True)
+    owned = zip(
+        writes[:OWNER_WRITES],
+        *(verdicts[run] for run in OWNER_RUNS),
+        verdicts["policy"][:OWNER_WRITES],
+        strict=True,
+    )
     owner_mismatches = [
-        f"{w.describe()}: webhook {a!r}, policy {b!r}" for w, a, b in owned if a != b
+        f"{w.describe()}: webhook {a!r}, policy {b!r} (rules policy alone {c!r})"
+        for w, a, b, c in owned
+        if not same_owner_outcome(a, b, c)
     ]
     assert not owner_mismatches, f"{len(owner_mismatches)} differ with hold-owner-only:\n" + (
         "\n".join(owner_mismatches[:25])
     )
+    reordered = sum(a != b for a, b in zip(*(verdicts[run] for run in OWNER_RUNS), strict=True))
+    with capsys.disabled():
+        print(f"hold-owner-only runs: the apiserver named the owner-only policy first for "
+              f"{reordered} writes both policies refuse")  # fmt: skip
     for run in OWNER_RUNS:
         assert Counter(verdicts[run])[str(RuleId.HOLD_OWNER_ONLY)] >= 10, run
     # Every rule refuses something in both runs: removing one from either twin fails here.
