@@ -465,10 +465,11 @@ class Adapter:
     def _held_reader(self, ref: Ref, deadline: datetime, what: str) -> Callable[[], Obj]:
         """Reads of the held object for one call: the first is ``_first_read`` (which also
         checks preflight), every later one (after a conflict) ``_read_held``."""
-        first: list[Obj | None] = [self._first_read(ref, deadline, what)]
+        first = self._first_read(ref, deadline, what)
 
         def read() -> Obj:
-            obj = first.pop() if first else None
+            nonlocal first
+            obj, first = first, None
             return obj if obj is not None else self._read_held(ref, deadline, what)
 
         return read

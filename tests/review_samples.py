@@ -11,6 +11,7 @@ import copy
 import uuid
 from typing import Any
 
+from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 
 A = Annotations()
@@ -77,26 +78,20 @@ def trainjob(
                 A.held_by: "dispatch",
             }
         )
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "uid": "6f1d2e0a-6a0e-4d55-9a43-2f3c1e9b7a10",
-        "resourceVersion": "4242",
-        "generation": 3,
-        "creationTimestamp": "2026-12-02T11:00:00Z",
-        "annotations": annotations,
-    }
-    if queue:
-        meta["labels"] = {QUEUE_NAME_LABEL: "user-queue"}
-    spec: dict[str, Any] = {"runtimeRef": {"name": "torch-distributed"}}
-    if suspend is not None:
-        spec["suspend"] = suspend
-    return {
-        "apiVersion": TRAINJOB.api_version,
-        "kind": TRAINJOB.kind,
-        "metadata": meta,
-        "spec": spec,
-    }
+    # The shared builder's body, as stored: with what the apiserver adds.
+    body = trainjob_body(
+        name, namespace=namespace, queue="user-queue" if queue else None, suspend=suspend
+    )
+    body["metadata"].update(
+        {
+            "uid": "6f1d2e0a-6a0e-4d55-9a43-2f3c1e9b7a10",
+            "resourceVersion": "4242",
+            "generation": 3,
+            "creationTimestamp": "2026-12-02T11:00:00Z",
+            "annotations": annotations,
+        }
+    )
+    return body
 
 
 def workload(

@@ -138,12 +138,13 @@ def webhook_registration(name: str, port: int, ca_pem: bytes, token: str) -> Any
     }
 
 
-def _probe(admin: k8s.ApiClient, namespace: str) -> str:
-    """A held, running TrainJob's dry-run CREATE: a rule id if refused, else 'allowed'."""
-    body = trainjob_body(f"probe-{uuid.uuid4().hex[:6]}", suspend=False)
+def _probe(api: k8s.ApiClient, namespace: str, *, suspend: bool = False) -> str:
+    """A held TrainJob's dry-run CREATE (running unless ``suspend``): a rule id if
+    refused, else 'allowed'."""
+    body = trainjob_body(f"probe-{uuid.uuid4().hex[:6]}", suspend=suspend)
     body["metadata"]["annotations"] = {"holdwarden.io/hold-instance": "1"}
     try:
-        k8s.CustomObjectsApi(admin).create_namespaced_custom_object(
+        k8s.CustomObjectsApi(api).create_namespaced_custom_object(
             TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, body, dry_run="All"
         )
     except ApiException as exc:
@@ -184,20 +185,13 @@ def webhook_only(
 
 
 def _owner_probe(admin: k8s.ApiClient, namespace: str) -> str:
-    """A dry-run CREATE of a held, suspended TrainJob by the editor (not a holder): only
-    ``hold-owner-only`` refuses it. The rule id if refused, else 'allowed'."""
-    body = trainjob_body(f"probe-{uuid.uuid4().hex[:6]}", suspend=True)
-    body["metadata"]["annotations"] = {"holdwarden.io/hold-instance": "1"}
+    """``_probe`` of a held, suspended TrainJob by the editor (not a holder): only
+    ``hold-owner-only`` refuses it."""
     editor = k8s.ApiClient(admin.configuration, "Impersonate-User", EDITOR_USER)
     try:
-        k8s.CustomObjectsApi(editor).create_namespaced_custom_object(
-            TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, body, dry_run="All"
-        )
-    except ApiException as exc:
-        return corpus.verdict_of(exc)
+        return _probe(editor, namespace, suspend=True)
     finally:
         editor.close()  # type: ignore[no-untyped-call]
-    return "allowed"
 
 
 def wait_for_owner_only(admin: k8s.ApiClient, namespace: str, enforced: bool) -> None:

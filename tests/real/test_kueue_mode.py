@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -49,6 +50,23 @@ def enforced(
 ) -> Iterator[Enforcement]:
     with enforcement(real_cluster, tmp_path_factory.mktemp("enforcer")) as running:
         yield running
+
+
+@contextmanager
+def gated_queue(
+    cluster: LocalCluster, admin: k8s.ApiClient, enforced: Enforcement, prefix: str
+) -> Iterator[tuple[str, Objects, Adapter]]:
+    """A fresh enforced namespace whose queues re-admit through the readmission gate, its
+    objects, and a Kueue-mode adapter acting as the supervisor (closed after)."""
+    namespace = cluster.create_namespace(
+        f"{prefix}-{enforced.token[:6]}-{int(time.time()) % 100000}", labels=enforced.labels()
+    )
+    make_queues(admin, namespace, admission_checks=[enforced.check_name])
+    supervisor = cluster.api_client(SUPERVISOR_IDENTITY)
+    try:
+        yield namespace, Objects(admin, namespace), Adapter(Config(mode="kueue"), supervisor)
+    finally:
+        supervisor.close()  # type: ignore[no-untyped-call]
 
 
 def test_kueue_mode_hold_and_release_on_the_real_controllers(
@@ -158,22 +176,13 @@ def test_a_held_workload_outlives_a_users_delete_and_goes_with_its_trainjob(
     refused (Kueue would make an active one and run the job) and the hold stays; deleting
     the TrainJob takes the held Workload with it, through the real garbage collector and
     Kueue's finalizer removal, with no refusal of either."""
-    namespace = real_cluster.create_namespace(
-        f"gc-{enforced.token[:6]}-{int(time.time()) % 100000}", labels=enforced.labels()
-    )
-    make_queues(real_admin, namespace, admission_checks=[enforced.check_name])
-    objects = Objects(real_admin, namespace)
-    supervisor = real_cluster.api_client(SUPERVISOR_IDENTITY)
-    adapter = Adapter(Config(mode="kueue"), supervisor)
-    try:
+    with gated_queue(real_cluster, real_admin, enforced, "gc") as (namespace, objects, adapter):
         body = with_requests(trainjob_body("job", queue=LOCAL_QUEUE, suspend=True))
         body["metadata"]["namespace"] = namespace
         ref = adapter.start(body, meta())
         workload = eventually(objects.workload, "Kueue creates the Workload")
         adapter.hold(ref, meta(1), "node lost")
         eventually(objects.suspended, "the TrainJob is suspended")
-    finally:
-        supervisor.close()  # type: ignore[no-untyped-call]
     name = workload["metadata"]["name"]
     before = len(enforced.audit())
     with real_cluster.api_client("alice") as alice, pytest.raises(k8s.ApiException) as refused:
@@ -215,14 +224,11 @@ def test_observe_flags_a_job_admitted_past_the_gate(
     flavor, and Kueue applies no flavor-scoped AdmissionCheck to it, so it runs past the
     readmission gate although its ClusterQueue lists it. Observe says so
     (``ungated_admission``), as ``holdwarden status`` does."""
-    namespace = real_cluster.create_namespace(
-        f"nogate-{enforced.token[:6]}-{int(time.time()) % 100000}", labels=enforced.labels()
-    )
-    make_queues(real_admin, namespace, admission_checks=[enforced.check_name])
-    objects = Objects(real_admin, namespace)
-    supervisor = real_cluster.api_client(SUPERVISOR_IDENTITY)
-    adapter = Adapter(Config(mode="kueue"), supervisor)
-    try:
+    with gated_queue(real_cluster, real_admin, enforced, "nogate") as (
+        namespace,
+        objects,
+        adapter,
+    ):
         body = trainjob_body("job", queue=LOCAL_QUEUE, suspend=True)  # no requests
         body["metadata"]["namespace"] = namespace
         ref = adapter.start(body, meta())
@@ -234,5 +240,3 @@ def test_observe_flags_a_job_admitted_past_the_gate(
         assert observed.ungated_admission, observed
         assert observed.admission_checks == ()
         assert objects.attempt() is None  # the gate never granted it
-    finally:
-        supervisor.close()  # type: ignore[no-untyped-call]
