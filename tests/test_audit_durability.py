@@ -290,6 +290,53 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     assert all({"time", "level", "logger", "msg"} <= set(e) for e in entries)
 
 
+# Run in a child: SIGTERM to itself while the server is still starting. Were the handlers
+# installed only after start, the default action would kill it (-15), as it once did in
+# CI when the test above sent SIGTERM right after "serving".
+SIGTERM_DURING_START = """
+import os, signal, sys
+import webhook.server as server
+original_start = server.EnforcerServer.start
+async def start_after_sigterm(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    await original_start(self)
+server.EnforcerServer.start = start_after_sigterm
+from holdwarden.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_starting_still_drains_and_exits_zero(tmp_path: Path) -> None:
+    write_certs(tmp_path / "tls")
+    config = tmp_path / "config.yaml"
+    config.write_text("webhook:\n  shutdownDelay: 0s\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SIGTERM_DURING_START,
+            "serve",
+            "--config",
+            str(config),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--cert-dir",
+            str(tmp_path / "tls"),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    messages = [json.loads(line)["msg"] for line in done.stderr.splitlines()]
+    assert messages.index("serving") < messages.index("stopping") < messages.index("drained")
+
+
 async def test_concurrent_appends_share_one_batch_and_aclose_waits(tmp_path: Path) -> None:
     writer = AuditWriter(tmp_path / "a.jsonl")
     writer.open()

@@ -620,19 +620,23 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
     runs beside the enforcer, with in-cluster credentials (or the kubeconfig outside one).
     """
     server = EnforcerServer(config)
+    stop = asyncio.Event()
+    if until is None:
+        # The handlers go in before the server starts: a SIGTERM that arrives while it is
+        # starting (a rollout that changes its mind, or a test that stops it right after
+        # "serving") must drain and exit 0, not kill the process with the default action.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        # SIGHUP (logrotate's postrotate) reopens the audit log; it must not end the
+        # process, which is its default action.
+        loop.add_signal_handler(signal.SIGHUP, server.reopen_logs)
     await server.start()
     gate = _start_readmission_gate(config, server.metrics.registry)
     try:
         if until is not None:
             await until()
         else:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            # SIGHUP (logrotate's postrotate) reopens the audit log; it must not end the
-            # process, which is its default action.
-            loop.add_signal_handler(signal.SIGHUP, server.reopen_logs)
             await stop.wait()
             log.info("stopping")
         await server.drain()
