@@ -47,7 +47,13 @@ from prometheus_client import CollectorRegistry
 from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespace
-from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from holdwarden.vocabulary import (
+    ADMISSIONCHECK,
+    JOBSET_NAME_LABEL,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+)
 from readmission.decisions import GateAction, GateDecision, decide_readmission
 from readmission.informer import Informer, Obj, Store, object_key
 from readmission.metrics import GateMetrics
@@ -56,9 +62,9 @@ from readmission.workqueue import WorkQueue
 log = logging.getLogger("holdwarden.readmission")
 
 ADMISSION_CHECK_GROUP, ADMISSION_CHECK_VERSION, ADMISSION_CHECKS = (
-    "kueue.x-k8s.io",
-    "v1beta2",
-    "admissionchecks",
+    ADMISSIONCHECK.group,
+    ADMISSIONCHECK.version,
+    ADMISSIONCHECK.plural,
 )
 _FIELD_MANAGER = "holdwarden-readmission"
 # Confirm on fresh reads, MARK_READY, then RAISE_ATTEMPT, with room for one more decision.

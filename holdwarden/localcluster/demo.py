@@ -4,13 +4,22 @@ It starts the same real etcd + kube-apiserver the tests use, makes certificates 
 ``holdwarden certs generate``, runs the enforcer with ``holdwarden serve``, registers it
 with the API server and injects its caBundle with ``holdwarden certs inject``, then walks
 the supervisor (through the adapter library) and a person (through plain API writes)
-through holds in Kueue mode and plain mode. Kueue and Trainer do not run here: the demo
-plays their one relevant step each, acting through their service accounts.
+through holds in Kueue mode and plain mode.
+
+By default the real Kueue, Trainer, JobSet and kube-controller-manager run (the same
+binaries and set-up as ``tests/real``, built on first use; under a minute warm), the
+readmission gate decides re-admission, and the story shows what they do: Kueue's
+eviction, the pods the Job controller deletes, a pod of the held execution that outlives
+the hold (a finalizer stands in for a node that cannot be reached), and re-admission only
+once it is gone. With ``--controllers played``
+no controller runs: the demo plays Kueue's and Trainer's one relevant step each, acting
+through their service accounts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import socket
@@ -31,19 +40,37 @@ import yaml
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta
-from adapter.errors import AdapterError
-from holdwarden.config import Config
+from adapter.errors import AdapterError, PodsRemain
+from holdwarden.config import Config, ReadmissionConfig
 from holdwarden.localcluster import (
     EDITOR_USER,
+    ENFORCER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     LocalCluster,
 )
 from holdwarden.localcluster.builders import kueue_workload_body, trainjob_body
+from holdwarden.localcluster.realstory import (
+    LOCAL_QUEUE,
+    Objects,
+    condition,
+    eventually,
+    make_admission_check,
+    make_queues,
+    with_requests,
+)
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 
 DEMO_LABEL = "holdwarden-demo"
 WEBHOOK_CONFIG = "holdwarden-enforcer"
+READMISSION_CHECK = "holdwarden-readmission"
+# Identities whose writes the enforcer must never refuse (the real controllers').
+CONTROLLER_USER_PREFIXES = (
+    "system:serviceaccount:kube-system:",
+    "system:serviceaccount:kueue-system:",
+    "system:serviceaccount:kubeflow-system:",
+    "system:serviceaccount:jobset-system:",
+)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -51,6 +78,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "demo",
         help="run the scripted story on a local control plane",
         description="Start a local etcd + kube-apiserver and walk through the hold story.",
+    )
+    parser.add_argument(
+        "--controllers",
+        choices=("real", "played"),
+        default="real",
+        help="real (default): run the real Kueue, Trainer, JobSet and kube-controller-manager "
+        "(built on first use and cached in $HOLDWARDEN_CACHE; under a minute warm); "
+        "played: no controllers, the demo plays their one step each (faster, no builds)",
     )
     parser.set_defaults(handler=run_demo)
 
@@ -198,18 +233,48 @@ def _annotations(obj: dict[str, Any], prefix: str) -> dict[str, str]:
     return {k: v for k, v in found.items() if k.startswith(prefix)}
 
 
-def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path) -> None:
+def _refusal(exc: k8s.ApiException) -> str:
+    message = json.loads(exc.body or "{}").get("message", str(exc))
+    return f"refused by the API server ({exc.status}):\n   {message}"
+
+
+def _observe(adapter: Adapter, ref: Any) -> None:
+    show("observe", adapter.observe(ref).to_dict())
+
+
+def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path, real: bool) -> None:
+    """Kueue mode. ``real``: the real Kueue admits, evicts and re-admits (through the
+    readmission gate); otherwise the demo plays Kueue's Workload creation."""
     notes = Annotations()
     supervisor_api = cluster.api_client(SUPERVISOR_IDENTITY)
-    admin = k8s.CustomObjectsApi(cluster.api_client())
+    admin_api = cluster.api_client()
+    admin = k8s.CustomObjectsApi(admin_api)
+    objects = Objects(admin_api, namespace, "llm-pretrain")
     adapter = Adapter(Config(mode="kueue", holder="dispatch"), supervisor_api)
 
-    say("Kueue mode. The supervisor starts TrainJob llm-pretrain; Kueue creates its Workload")
-    kueue = _play_kueue(cluster.api_client(KUEUE_IDENTITY), namespace, "llm-pretrain")
-    ref = adapter.start(_trainjob(namespace, "llm-pretrain", queue="team-a"), CallMeta(_deadline()))
-    kueue.join()
-    adapter.open(ref, CallMeta(_deadline()))
-    show("observe", adapter.observe(ref).to_dict())
+    if real:
+        say("Kueue mode, real Kueue. The supervisor starts TrainJob llm-pretrain and opens it")
+        body = with_requests(_trainjob(namespace, "llm-pretrain", queue=LOCAL_QUEUE))
+        ref = adapter.start(body, CallMeta(_deadline()))
+        adapter.open(ref, CallMeta(_deadline()))
+        began = time.monotonic()
+        first = eventually(objects.pod_uids, "Kueue admits and the first pods exist")
+        print(
+            f"   Kueue admitted it through the readmission gate; Trainer, JobSet and the Job "
+            f"controller made {len(first)} pods in {time.monotonic() - began:.1f}s"
+        )
+        eventually(lambda: objects.attempt() == "1", "the gate records attempt 1")
+        _observe(adapter, ref)
+        kept = objects.keep(objects.pods()[0])
+        print(f"   pod {kept} will be slow to go (a finalizer stands in for a lost node)")
+    else:
+        say("Kueue mode. The supervisor starts TrainJob llm-pretrain; Kueue creates its Workload")
+        kueue = _play_kueue(cluster.api_client(KUEUE_IDENTITY), namespace, "llm-pretrain")
+        body = _trainjob(namespace, "llm-pretrain", queue="team-a")
+        ref = adapter.start(body, CallMeta(_deadline()))
+        kueue.join()
+        adapter.open(ref, CallMeta(_deadline()))
+        _observe(adapter, ref)
 
     def workload() -> dict[str, Any]:
         found: Any = admin.list_namespaced_custom_object(
@@ -219,10 +284,7 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path) -> No
         return item
 
     def trainjob_version() -> str:
-        found: Any = admin.get_namespaced_custom_object(
-            TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, ref.name
-        )
-        return str(found["metadata"]["resourceVersion"])
+        return str(objects.trainjob()["metadata"]["resourceVersion"])
 
     say("A node is lost: the supervisor places hold instance 1 (one update of the Workload)")
     before = trainjob_version()
@@ -230,7 +292,16 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path) -> No
     held = workload()
     show("Workload spec.active", held["spec"]["active"])
     show("Workload annotations", _annotations(held, notes.prefix))
-    show("TrainJob resourceVersion unchanged", trainjob_version() == before)
+    if real:
+        # Kueue reacts to the inactive Workload: it evicts and suspends the TrainJob.
+        eventually(objects.suspended, "Kueue suspends the TrainJob")
+        evicted = eventually(lambda: condition(objects.workload(), "Evicted"), "the eviction")
+        show("Kueue's eviction", {k: evicted.get(k) for k in ("reason", "message")})
+        eventually(lambda: len(objects.pods()) == 1, "the Job controller deletes the pods")
+        print("   every pod is deleted but the one the lost node still holds")
+        _observe(adapter, ref)
+    else:
+        show("TrainJob resourceVersion unchanged", trainjob_version() == before)
 
     say(f"{EDITOR_USER} tries to reactivate the held Workload with a merge patch")
     editor = k8s.CustomObjectsApi(cluster.api_client(EDITOR_USER))
@@ -245,8 +316,7 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path) -> No
         )
         print("   !! the write was allowed: the enforcer is not working")
     except k8s.ApiException as exc:
-        message = json.loads(exc.body or "{}").get("message", str(exc))
-        print(f"   refused by the API server ({exc.status}):\n   {message}")
+        print(f"   {_refusal(exc)}")
     show("Workload still inactive", workload()["spec"]["active"] is False)
 
     say("The audit trail (holdwarden audit): the refusal above, and preflight's dry-run probe")
@@ -261,40 +331,129 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path) -> No
         print(f"   {type(exc).__name__} ({exc.classification}): {exc}")
     show("hold instance in force", _annotations(workload(), notes.prefix).get(notes.hold_instance))
 
-    say("The old processes are gone: the supervisor releases instance 2")
-    adapter.release(ref, CallMeta(_deadline(), instance=2))
-    released = workload()
-    show("Workload spec.active", released["spec"]["active"])
-    show("hold annotations left", _annotations(released, notes.prefix))
+    if real:
+        say("The supervisor releases instance 2, but a pod of the held execution remains")
+        adapter.release(ref, CallMeta(_deadline(), instance=2))
+        time.sleep(5)  # long enough for several gate passes and Kueue's reaction
+        if objects.suspended():
+            print("   the readmission gate keeps the job waiting: still suspended after 5s")
+        else:
+            print("   !! re-admitted while a pod of the held execution remains")
+        _observe(adapter, ref)
+        say("The lost node's pod is finally gone: now the gate lets Kueue re-admit")
+        objects.let_go(kept)
+        began = time.monotonic()
+        eventually(lambda: not objects.suspended(), "re-admission once the old pods are gone")
+        eventually(lambda: objects.attempt() == "2", "the gate records attempt 2")
+        second = eventually(lambda: objects.pod_uids() - first, "the second execution's pods")
+        print(
+            f"   re-admitted in {time.monotonic() - began:.1f}s; attempt (A) is "
+            f"{objects.attempt()}; {len(second)} pods of the second execution"
+        )
+        _observe(adapter, ref)
+    else:
+        say("The old processes are gone: the supervisor releases instance 2")
+        adapter.release(ref, CallMeta(_deadline(), instance=2))
+        released = workload()
+        show("Workload spec.active", released["spec"]["active"])
+        show("hold annotations left", _annotations(released, notes.prefix))
 
 
-def _plain_chapter(cluster: LocalCluster, namespace: str) -> None:
+def _plain_chapter(cluster: LocalCluster, namespace: str, real: bool) -> None:
+    """Plain mode. ``real``: the real Trainer, JobSet and Job controller make and delete
+    the pods, and a Release while one remains is refused (PodsRemain)."""
     adapter = Adapter(
         Config(mode="plain", holder="dispatch"), cluster.api_client(SUPERVISOR_IDENTITY)
     )
+    objects = Objects(cluster.api_client(), namespace, "eval-sweep")
     say("Plain mode. A TrainJob is held before it was ever opened")
-    ref = adapter.start(_trainjob(namespace, "eval-sweep", queue=None), CallMeta(_deadline()))
+    body = _trainjob(namespace, "eval-sweep", queue=None)
+    ref = adapter.start(with_requests(body) if real else body, CallMeta(_deadline()))
     adapter.hold(ref, CallMeta(_deadline(), instance=1), reason="maintenance")
-    show("observe", adapter.observe(ref).to_dict())
+    _observe(adapter, ref)
     say("Release instance 1: the object stays suspended at its start gate, waiting for Open")
     adapter.release(ref, CallMeta(_deadline(), instance=1))
-    show("observe", adapter.observe(ref).to_dict())
+    _observe(adapter, ref)
     say("Open: now it runs, and attempt (A) counts the execution")
     adapter.open(ref, CallMeta(_deadline()))
-    show("observe", adapter.observe(ref).to_dict())
+    _observe(adapter, ref)
+    if not real:
+        return
+    first = eventually(objects.pod_uids, "Trainer, JobSet and the Job controller make pods")
+    print(f"   {len(first)} pods of execution 1")
+    kept = objects.keep(objects.pods()[0])
+    say("A node is lost: hold instance 2; the Job controller deletes the pods")
+    adapter.hold(ref, CallMeta(_deadline(), instance=2), reason="node-7 lost")
+    eventually(lambda: len(objects.pods()) == 1, "the Job controller deletes the pods")
+    _observe(adapter, ref)
+    say("Release while the lost node's pod remains: refused, nothing written")
+    try:
+        adapter.release(ref, CallMeta(_deadline(), instance=2))
+        print("   !! released while a pod of the held execution remains")
+    except PodsRemain as exc:
+        print(f"   {type(exc).__name__} ({exc.classification}): {exc}")
+    say("The pod is gone: Release runs the job again, and A rises")
+    objects.let_go(kept)
+    eventually(lambda: not objects.pods(), "the held execution's last pod goes")
+    adapter.release(ref, CallMeta(_deadline(), instance=2))
+    second = eventually(lambda: objects.pod_uids() - first, "the second execution's pods")
+    print(f"   {len(second)} pods of execution {objects.attempt()}")
+    _observe(adapter, ref)
+
+
+@contextmanager
+def _readmission_gate(cluster: LocalCluster) -> Iterator[str]:
+    """The readmission gate and its AdmissionCheck (name yielded), as the enforcer's
+    service account. In a cluster ``holdwarden serve`` runs it (``readmission.enabled``);
+    here it runs in the demo's process, so that it can act as that identity."""
+    from readmission.controller import ReadmissionGate
+
+    config = Config(
+        readmission=ReadmissionConfig(enabled=True, interval=timedelta(milliseconds=500))
+    )
+    with cluster.api_client() as admin:
+        make_admission_check(admin, READMISSION_CHECK, config.readmission.controller_name)
+    gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+    gate.start()
+    try:
+        yield READMISSION_CHECK
+    finally:
+        gate.stop()
+
+
+def _controllers_unrefused(audit_log: Path) -> None:
+    from webhook.audit import read_audit
+
+    refused = [r for r in read_audit(audit_log).records
+               if str(r.get("user", "")).startswith(CONTROLLER_USER_PREFIXES)]  # fmt: skip
+    if refused:
+        print(f"   !! the enforcer refused {len(refused)} writes of the real controllers")
+    else:
+        print("   the enforcer refused none of the real controllers' writes")
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    real = getattr(args, "controllers", "real") == "real"
     say("Starting a local control plane (real etcd + kube-apiserver on 127.0.0.1)")
     workdir = Path(tempfile.mkdtemp(prefix="holdwarden-demo-"))
+    controllers: tuple[str, ...] = ()
+    if real:
+        from holdwarden.localcluster.controllers import CONTROLLERS
+
+        controllers = CONTROLLERS
+        print(f"   with the real {', '.join(CONTROLLERS)} (the first run builds them)")
     try:
-        with LocalCluster() as cluster:
+        with LocalCluster(controllers=controllers) as cluster:
             print(
                 f"   ready in {cluster.startup_seconds:.1f}s at {cluster.server_url} "
                 f"(CRDs: {cluster.crd_kind})"
             )
             say("Certificates (holdwarden certs generate) and the enforcer (holdwarden serve)")
-            with _enforcer(workdir) as (url, ca_bundle, audit_log), cluster.api_client() as api:
+            with (
+                _enforcer(workdir) as (url, ca_bundle, audit_log),
+                cluster.api_client() as api,
+                _readmission_gate(cluster) if real else contextlib.nullcontext("") as check,
+            ):
                 _register_webhook(api, url)
                 subprocess.run(
                     _holdwarden(
@@ -305,8 +464,14 @@ def run_demo(args: argparse.Namespace) -> int:
                     check=True,
                 )  # fmt: skip
                 namespace = cluster.create_namespace("team-a", labels={DEMO_LABEL: "true"})
-                _kueue_chapter(cluster, namespace, audit_log)
-                _plain_chapter(cluster, namespace)
+                if real:
+                    queue = make_queues(api, namespace, admission_checks=[check])
+                    print(f"   ClusterQueue {queue} admits through AdmissionCheck {check}")
+                _kueue_chapter(cluster, namespace, audit_log, real)
+                _plain_chapter(cluster, namespace, real)
+                if real:
+                    say("The audit trail over the whole story")
+                    _controllers_unrefused(audit_log)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     say("Control plane and enforcer stopped; nothing left running")

@@ -27,13 +27,9 @@ from certs.reload import ReloadingTLS
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
 from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
+from holdwarden.localcluster.realstory import make_admission_check
 from holdwarden.vocabulary import TRAINJOB, Annotations
-from readmission.controller import (
-    ADMISSION_CHECK_GROUP,
-    ADMISSION_CHECK_VERSION,
-    ADMISSION_CHECKS,
-    ReadmissionGate,
-)
+from readmission.controller import ReadmissionGate
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
@@ -131,12 +127,7 @@ def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
         ),
     )
     with cluster.api_client() as admin:
-        k8s.CustomObjectsApi(admin).create_cluster_custom_object(
-            ADMISSION_CHECK_GROUP, ADMISSION_CHECK_VERSION, ADMISSION_CHECKS,
-            {"apiVersion": f"{ADMISSION_CHECK_GROUP}/{ADMISSION_CHECK_VERSION}",
-             "kind": "AdmissionCheck", "metadata": {"name": check_name},
-             "spec": {"controllerName": f"holdwarden.io/{check_name}"}},
-        )  # fmt: skip
+        make_admission_check(admin, check_name, f"holdwarden.io/{check_name}")
         gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
         gate.start()
         try:

@@ -12,8 +12,8 @@ from kubernetes import client as k8s
 
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
+from holdwarden.localcluster.realstory import LOCAL_QUEUE, eventually, make_queues
 from holdwarden.vocabulary import JOB_UID_LABEL, JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD
-from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 

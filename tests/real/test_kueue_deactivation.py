@@ -12,8 +12,15 @@ from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
-from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
-from tests.real.story import Objects, condition, meta, with_requests
+from holdwarden.localcluster.realstory import (
+    LOCAL_QUEUE,
+    Objects,
+    condition,
+    eventually,
+    make_queues,
+    with_requests,
+)
+from tests.real.story import meta
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 

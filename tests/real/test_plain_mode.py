@@ -20,11 +20,11 @@ from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
+from holdwarden.localcluster.realstory import Objects, eventually, with_requests
 from holdwarden.vocabulary import Annotations
 from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
-from tests.real.queues import eventually
-from tests.real.story import Objects, assert_no_false_positives, live_pod_sets, meta, with_requests
+from tests.real.story import assert_no_false_positives, live_pod_sets, meta
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 

@@ -18,10 +18,16 @@ from adapter.types import State
 from holdwarden.config import Config
 from holdwarden.localcluster import EDITOR_USER, SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
+from holdwarden.localcluster.realstory import (
+    LOCAL_QUEUE,
+    Objects,
+    eventually,
+    make_queues,
+    with_requests,
+)
 from holdwarden.vocabulary import TRAINJOB, Annotations
 from tests.real.enforcer import Enforcement
-from tests.real.queues import LOCAL_QUEUE, eventually, make_queues
-from tests.real.story import Objects, meta, with_requests
+from tests.real.story import meta
 from tests.real.test_kueue_mode import enforced  # noqa: F401  (module fixture)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]

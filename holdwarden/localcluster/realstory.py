@@ -1,0 +1,204 @@
+"""What a story on the real controllers sets up and reads: Kueue queues, a job's objects
+(its TrainJob, Workloads and pods), and bounded waits.
+
+Shared by ``holdwarden demo --real-controllers`` and the real-controller tests
+(``tests/real``), so that the demo shows exactly what the tests prove.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+
+from holdwarden.vocabulary import (
+    ADMISSIONCHECK,
+    CLUSTERQUEUE,
+    JOB_UID_LABEL,
+    JOBSET_NAME_LABEL,
+    LOCALQUEUE,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+)
+
+LOCAL_QUEUE = "user-queue"
+
+KEEP_FINALIZER = "test.holdwarden.io/keep"
+"""Keeps one pod of an execution alive after its deletion (no kubelet here ends pods
+gracefully, so without it they vanish at once and "pods remain" never happens)."""
+
+REQUESTS = {"cpu": "100m", "memory": "64Mi"}
+"""What each trainer pod asks for. It matters in Kueue mode: a Workload whose pods request
+nothing is assigned no flavor, and Kueue then applies no flavor-scoped AdmissionCheck to
+it (one with empty ``onFlavors`` means "all flavors"), so it is admitted past the
+readmission gate."""
+
+
+class NotWithin(AssertionError):
+    """A bounded wait ran out; the message names what did not happen."""
+
+
+def eventually(probe: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+    """``probe()``'s first truthy value, polled until ``timeout`` s; else NotWithin naming
+    ``what``.
+
+    Generous by default: the real controllers on a busy 2-core machine react in seconds,
+    not milliseconds, and each wait is still bounded.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise NotWithin(f"not within {timeout:.0f}s: {what}")
+        time.sleep(0.2)
+
+
+def with_requests(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (a TrainJob) whose trainer pods request REQUESTS."""
+    body["spec"].setdefault("trainer", {})["resourcesPerNode"] = {"requests": dict(REQUESTS)}
+    return body
+
+
+def _kueue_object(resource: Any, name: str, spec: dict[str, Any] | None = None) -> Any:
+    body: dict[str, Any] = {
+        "apiVersion": f"{resource.group}/{resource.version}",
+        "kind": resource.kind,
+        "metadata": {"name": name},
+    }
+    if spec is not None:
+        body["spec"] = spec
+    return body
+
+
+def make_admission_check(api: k8s.ApiClient, name: str, controller_name: str) -> None:
+    """The AdmissionCheck a ClusterQueue lists so that the readmission gate decides."""
+    k8s.CustomObjectsApi(api).create_cluster_custom_object(
+        ADMISSIONCHECK.group, ADMISSIONCHECK.version, ADMISSIONCHECK.plural,
+        _kueue_object(ADMISSIONCHECK, name, {"controllerName": controller_name}),
+    )  # fmt: skip
+
+
+def make_queues(api: k8s.ApiClient, namespace: str, admission_checks: Sequence[str] = ()) -> str:
+    """A ClusterQueue of its own (name returned) that admits this namespace's LocalQueue
+    (LOCAL_QUEUE), through ``admission_checks`` when any are given.
+
+    Quota is generous: no story here is about quota.
+    """
+    custom = k8s.CustomObjectsApi(api)
+    suffix = uuid.uuid4().hex[:8]
+    flavor, cluster_queue = f"flavor-{suffix}", f"cq-{suffix}"
+    custom.create_cluster_custom_object(
+        WORKLOAD.group, WORKLOAD.version, "resourceflavors",
+        {"apiVersion": f"{WORKLOAD.group}/{WORKLOAD.version}", "kind": "ResourceFlavor",
+         "metadata": {"name": flavor}},
+    )  # fmt: skip
+    spec: dict[str, Any] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "resourceGroups": [
+            {
+                "coveredResources": ["cpu", "memory"],
+                "flavors": [
+                    {
+                        "name": flavor,
+                        "resources": [
+                            {"name": "cpu", "nominalQuota": "100"},
+                            {"name": "memory", "nominalQuota": "100Gi"},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    if admission_checks:
+        spec["admissionChecksStrategy"] = {
+            "admissionChecks": [{"name": name} for name in admission_checks]
+        }
+    custom.create_cluster_custom_object(
+        CLUSTERQUEUE.group, CLUSTERQUEUE.version, CLUSTERQUEUE.plural,
+        _kueue_object(CLUSTERQUEUE, cluster_queue, spec),
+    )  # fmt: skip
+    local = _kueue_object(LOCALQUEUE, LOCAL_QUEUE, {"clusterQueue": cluster_queue})
+    local["metadata"]["namespace"] = namespace
+    custom.create_namespaced_custom_object(
+        LOCALQUEUE.group, LOCALQUEUE.version, namespace, LOCALQUEUE.plural, local
+    )
+    return cluster_queue
+
+
+@dataclass
+class Objects:
+    """One TrainJob's objects, read as the admin: nothing here is cached."""
+
+    admin: k8s.ApiClient
+    namespace: str
+    name: str = "job"
+
+    @property
+    def custom(self) -> k8s.CustomObjectsApi:
+        return k8s.CustomObjectsApi(self.admin)
+
+    def trainjob(self) -> dict[str, Any]:
+        found: Any = self.custom.get_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, self.namespace, TRAINJOB.plural, self.name
+        )
+        return dict(found)
+
+    def workloads(self) -> list[dict[str, Any]]:
+        uid = self.trainjob()["metadata"]["uid"]
+        found: Any = self.custom.list_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, self.namespace, WORKLOAD.plural,
+            label_selector=f"{JOB_UID_LABEL}={uid}",
+        )  # fmt: skip
+        return [dict(item) for item in found["items"]]
+
+    def workload(self) -> dict[str, Any] | None:
+        items = self.workloads()
+        return items[0] if items else None
+
+    def pods(self) -> list[k8s.V1Pod]:
+        return list(
+            k8s.CoreV1Api(self.admin)
+            .list_namespaced_pod(self.namespace, label_selector=f"{JOBSET_NAME_LABEL}={self.name}")
+            .items
+        )
+
+    def pod_uids(self) -> set[str]:
+        return {str(p.metadata.uid) for p in self.pods() if p.metadata is not None}
+
+    def keep(self, pod: k8s.V1Pod) -> str:
+        """Put KEEP_FINALIZER on ``pod``; returns its name."""
+        if pod.metadata is None or not pod.metadata.name:
+            raise ValueError("keep: the pod has no name")
+        name = str(pod.metadata.name)
+        k8s.CoreV1Api(self.admin).patch_namespaced_pod(
+            name, self.namespace, {"metadata": {"finalizers": [KEEP_FINALIZER]}}
+        )
+        return name
+
+    def let_go(self, pod_name: str) -> None:
+        k8s.CoreV1Api(self.admin).patch_namespaced_pod(
+            pod_name, self.namespace, {"metadata": {"finalizers": None}}
+        )
+
+    def suspended(self) -> bool:
+        return bool(self.trainjob()["spec"].get("suspend"))
+
+    def attempt(self) -> str | None:
+        annotations = self.trainjob()["metadata"].get("annotations") or {}
+        value = annotations.get(Annotations().attempt)
+        return str(value) if value is not None else None
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    """The condition ``type_`` of ``obj``'s status (whatever its status), else None."""
+    for entry in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if entry.get("type") == type_:
+            return dict(entry)
+    return None
