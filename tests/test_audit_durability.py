@@ -40,26 +40,24 @@ def write_certs(cert_dir: Path) -> Path:
     return cert_dir / "ca.crt"
 
 
+def serve_args(tmp_path: Path, audit_log: Path) -> list[str]:
+    """``holdwarden serve`` on free ports, with the certificates in ``tmp_path/tls``."""
+    return [
+        "serve",
+        "--listen", "127.0.0.1:0",
+        "--metrics", "127.0.0.1:0",
+        "--cert-dir", str(tmp_path / "tls"),
+        "--audit-log", str(audit_log),
+    ]  # fmt: skip
+
+
 def start_serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, int, Path, Path]:
     ca = write_certs(tmp_path / "tls")
     audit_log = tmp_path / "audit" / "audit.jsonl"
     # Logs go to a file: a pipe nobody drains would block the server once full.
     log_path = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "holdwarden.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-            "--cert-dir",
-            str(tmp_path / "tls"),
-            "--audit-log",
-            str(audit_log),
-        ],
+        [sys.executable, "-m", "holdwarden.cli", *serve_args(tmp_path, audit_log)],
         cwd=ROOT,
         stderr=log_path.open("wb"),
     )
@@ -310,23 +308,10 @@ def test_sigterm_while_starting_still_drains_and_exits_zero(tmp_path: Path) -> N
     write_certs(tmp_path / "tls")
     config = tmp_path / "config.yaml"
     config.write_text("webhook:\n  shutdownDelay: 0s\n")
+    audit_log = tmp_path / "audit.jsonl"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            SIGTERM_DURING_START,
-            "serve",
-            "--config",
-            str(config),
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-            "--cert-dir",
-            str(tmp_path / "tls"),
-            "--audit-log",
-            str(tmp_path / "audit.jsonl"),
-        ],
+        [sys.executable, "-c", SIGTERM_DURING_START, *serve_args(tmp_path, audit_log)]
+        + ["--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
