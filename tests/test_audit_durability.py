@@ -309,9 +309,9 @@ def test_sigterm_while_starting_still_drains_and_exits_zero(tmp_path: Path) -> N
     config = tmp_path / "config.yaml"
     config.write_text("webhook:\n  shutdownDelay: 0s\n")
     audit_log = tmp_path / "audit.jsonl"
+    command = [sys.executable, "-c", SIGTERM_DURING_START, *serve_args(tmp_path, audit_log)]
     done = subprocess.run(
-        [sys.executable, "-c", SIGTERM_DURING_START, *serve_args(tmp_path, audit_log)]
-        + ["--config", str(config)],
+        [*command, "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
