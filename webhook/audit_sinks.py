@@ -437,10 +437,22 @@ class KubeEvents:
     """``events.k8s.io/v1`` through a kubernetes ``ApiClient``; every call has a timeout."""
 
     def __init__(self, api: Any, timeout: float) -> None:
+        import copy
+
         from kubernetes import client as k8s
 
-        self.api = k8s.EventsV1Api(api)
+        # A client of its own with urllib3's retries off: a retried connect would make one
+        # call last several timeouts. The same credentials and headers (impersonation).
+        configuration = copy.deepcopy(api.configuration)
+        configuration.retries = 0
+        self.client = k8s.ApiClient(configuration)
+        for name, value in api.default_headers.items():
+            self.client.default_headers[name] = value
+        self.api = k8s.EventsV1Api(self.client)
         self.timeout = timeout
+
+    def close(self) -> None:
+        self.client.close()  # type: ignore[no-untyped-call]
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> None:
         from kubernetes.client.exceptions import ApiException

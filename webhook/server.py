@@ -504,6 +504,7 @@ class EnforcerServer:
         # credentials (or the kubeconfig outside a cluster), as the readmission gate's is.
         self._events_client = events_client
         self.events_sink: EventsSink | None = None
+        self._own_events_client: KubeEvents | None = None
         self.sinks: list[RecordSink] = [] if self.stdout_sink is None else [self.stdout_sink]
         self.port = 0
         self.metrics_port = 0
@@ -587,7 +588,7 @@ class EnforcerServer:
                 from holdwarden.kubeclient import api_client
 
                 timeout = hook.audit_events.request_timeout.total_seconds()
-                client = KubeEvents(api_client(), timeout)
+                client = self._own_events_client = KubeEvents(api_client(), timeout)
             self.events_sink = EventsSink(
                 hook.audit_events, client, annotation_prefix=self.config.annotation_prefix
             )
@@ -661,6 +662,8 @@ class EnforcerServer:
             await self.stdout_sink.aclose()
         if self.events_sink is not None:
             await self.events_sink.aclose()
+        if self._own_events_client is not None:
+            self._own_events_client.close()
 
 
 def _bound_port(runner: web.AppRunner) -> int:
