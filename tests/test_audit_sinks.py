@@ -493,3 +493,16 @@ async def test_close_drains_the_queue_within_its_timeout() -> None:
     assert time.monotonic() - started < 2
     assert slow.counts.dropped == 2  # one was in flight on the stuck call
     stuck.gate.set()
+
+
+def test_the_install_guide_gives_the_tested_apiserver_audit_policy() -> None:
+    """docs/install.md repeats the audit Policy that tests/test_audit_apiserver.py runs the
+    apiserver with (from docs/enforcer.md), word for word."""
+    import re
+    from pathlib import Path
+
+    from tests.test_audit_apiserver import documented_policy
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "install.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if "kind: Policy" in b]
+    assert blocks == [documented_policy()]
