@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -499,10 +500,33 @@ def test_the_install_guide_gives_the_tested_apiserver_audit_policy() -> None:
     """docs/install.md repeats the audit Policy that tests/test_audit_apiserver.py runs the
     apiserver with (from docs/enforcer.md), word for word."""
     import re
-    from pathlib import Path
 
     from tests.test_audit_apiserver import documented_policy
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "install.md").read_text()
     blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if "kind: Policy" in b]
     assert blocks == [documented_policy()]
+
+
+def test_serve_with_the_events_sink_and_no_credentials_says_which_and_exits(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "holdwarden.cli", "serve", "--listen", "127.0.0.1:0",
+               "--metrics", "127.0.0.1:0", "--cert-dir", str(tmp_path),
+               "--audit-sink", "stdout", "--audit-sink", "events"]  # fmt: skip
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "absent")}
+    done = subprocess.run(
+        command, cwd=root, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert json.loads(line)["error"] == f"$KUBECONFIG={tmp_path / 'absent'}: no such file"
+    bad = subprocess.run(
+        [*command[:-4], "--audit-sink", "syslog"], cwd=root, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "invalid choice: 'syslog'" in bad.stderr
