@@ -64,6 +64,8 @@ from webhook.rules import RulesConfig, Violation, evaluate, skip_reason
 log = logging.getLogger("holdwarden.webhook")
 
 SWITCH_INTERVAL = 0.0005
+# How long the Events sink may write its queue at shutdown; the rest is counted as dropped.
+SINK_DRAIN_SECONDS = 2.0
 # The kube-apiserver decodes JSON with Go's encoding/json (and k8s.io/apimachinery's
 # util/json), which refuse nesting deeper than 10,000 levels; so an object it stores is at
 # most that deep, and a review embeds it 3 levels down. msgspec (like Python's json) counts
@@ -657,11 +659,12 @@ class EnforcerServer:
                 await self._watch
             self._watch = None
         await self.audit.aclose()
-        # After the sites: no refusal can come any more. Each drain is bounded.
+        # After the sites: no refusal can come any more. Each drain is bounded, and both
+        # fit in the 5 s the Pod's grace period leaves after the drain (deployment.yaml).
         if self.stdout_sink is not None:
-            await self.stdout_sink.aclose()
+            await self.stdout_sink.aclose(timeout=1.0)
         if self.events_sink is not None:
-            await self.events_sink.aclose()
+            await self.events_sink.aclose(timeout=SINK_DRAIN_SECONDS)
         if self._own_events_client is not None:
             self._own_events_client.close()
 
