@@ -54,6 +54,7 @@ from holdwarden.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
     condition,
+    controller_refusals,
     eventually,
     make_admission_check,
     make_queues,
@@ -64,13 +65,6 @@ from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 DEMO_LABEL = "holdwarden-demo"
 WEBHOOK_CONFIG = "holdwarden-enforcer"
 READMISSION_CHECK = "holdwarden-readmission"
-# Identities whose writes the enforcer must never refuse (the real controllers').
-CONTROLLER_USER_PREFIXES = (
-    "system:serviceaccount:kube-system:",
-    "system:serviceaccount:kueue-system:",
-    "system:serviceaccount:kubeflow-system:",
-    "system:serviceaccount:jobset-system:",
-)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -424,8 +418,7 @@ def _readmission_gate(cluster: LocalCluster) -> Iterator[str]:
 def _controllers_unrefused(audit_log: Path) -> None:
     from webhook.audit import read_audit
 
-    refused = [r for r in read_audit(audit_log).records
-               if str(r.get("user", "")).startswith(CONTROLLER_USER_PREFIXES)]  # fmt: skip
+    refused = controller_refusals(read_audit(audit_log).records)
     if refused:
         print(f"   !! the enforcer refused {len(refused)} writes of the real controllers")
     else:

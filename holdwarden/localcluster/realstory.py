@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,21 @@ REQUESTS = {"cpu": "100m", "memory": "64Mi"}
 nothing is assigned no flavor, and Kueue then applies no flavor-scoped AdmissionCheck to
 it (one with empty ``onFlavors`` means "all flavors"), so it is admitted past the
 readmission gate."""
+
+
+# The real controllers' service-account namespaces (holdwarden/localcluster/controllers.py):
+# the enforcer must never refuse a write of any identity in them.
+CONTROLLER_USER_PREFIXES = (
+    "system:serviceaccount:kube-system:",
+    "system:serviceaccount:kueue-system:",
+    "system:serviceaccount:kubeflow-system:",
+    "system:serviceaccount:jobset-system:",
+)
+
+
+def controller_refusals(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The audit records (refusals) whose writer is one of the real controllers."""
+    return [r for r in records if str(r.get("user", "")).startswith(CONTROLLER_USER_PREFIXES)]
 
 
 class NotWithin(AssertionError):

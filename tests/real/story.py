@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from adapter import CallMeta
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.realstory import controller_refusals
 from tests.actors import WatchEvent
 from tests.real.enforcer import Enforcement
 
@@ -32,21 +33,9 @@ def live_pod_sets(events: list[WatchEvent]) -> list[set[str]]:
     return history
 
 
-CONTROLLER_IDENTITIES = (
-    "system:serviceaccount:kueue-system:kueue-controller-manager",
-    "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager",
-    "system:serviceaccount:jobset-system:jobset-controller-manager",
-)
-
-
 def assert_no_false_positives(cluster: LocalCluster, enforcement: Enforcement) -> None:
     """The enforcer refused no controller's write, and no controller logged a denial."""
-    refused = [
-        r
-        for r in enforcement.audit()
-        if str(r.get("user", "")).startswith("system:serviceaccount:kube-system:")
-        or r.get("user") in CONTROLLER_IDENTITIES
-    ]
+    refused = controller_refusals(enforcement.audit())
     assert not refused, f"the enforcer refused controllers' writes: {refused}"
     assert cluster.controllers is not None
     denials = {
