@@ -11,9 +11,8 @@ binaries and set-up as ``tests/real``, built on first use; under a minute warm),
 readmission gate decides re-admission, and the story shows what they do: Kueue's
 eviction, the pods the Job controller deletes, a pod of the held execution that outlives
 the hold (a finalizer stands in for a node that cannot be reached), and re-admission only
-once it is gone. With ``--controllers played``
-no controller runs: the demo plays Kueue's and Trainer's one relevant step each, acting
-through their service accounts.
+once it is gone. With ``--controllers played`` no controller runs: the demo plays Kueue's
+and Trainer's one relevant step each, acting through their service accounts.
 """
 
 from __future__ import annotations
@@ -241,9 +240,7 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path, real:
     readmission gate); otherwise the demo plays Kueue's Workload creation."""
     notes = Annotations()
     supervisor_api = cluster.api_client(SUPERVISOR_IDENTITY)
-    admin_api = cluster.api_client()
-    admin = k8s.CustomObjectsApi(admin_api)
-    objects = Objects(admin_api, namespace, "llm-pretrain")
+    objects = Objects(cluster.api_client(), namespace, "llm-pretrain")
     adapter = Adapter(Config(mode="kueue", holder="dispatch"), supervisor_api)
 
     if real:
@@ -271,11 +268,10 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path, real:
         _observe(adapter, ref)
 
     def workload() -> dict[str, Any]:
-        found: Any = admin.list_namespaced_custom_object(
-            WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural
-        )
-        item: dict[str, Any] = found["items"][0]
-        return item
+        found = objects.workload()  # by the TrainJob's job-uid label, as Kueue sets it
+        if found is None:
+            raise RuntimeError(f"no Workload of TrainJob {namespace}/llm-pretrain")
+        return found
 
     def trainjob_version() -> str:
         return str(objects.trainjob()["metadata"]["resourceVersion"])
