@@ -1,147 +1,73 @@
-"""The adapter's I/O edge: the one place that talks to the Kubernetes API.
+"""The sync adapter: ``adapter.core``'s operations driven over the kubernetes client.
 
-Everything that decides lives in ``adapter.decisions``; this module reads, asks a decision,
-and writes what it was told, with these invariants:
+``Adapter`` runs each operation's steps (``adapter.core``) one after another on the calling
+thread: a request goes out through the adapter's own ``kubernetes.client.ApiClient`` (a copy
+of the caller's configuration with urllib3's retries off, so no request is re-sent behind
+its back and the caller's client is never modified), and urllib3's failures are sorted into
+the core's three transport kinds. Everything else (deadlines, timeouts, retries, decisions,
+error classes and messages) is the core's, shared with ``adapter.aio.AsyncAdapter``.
 
-- Every write is a merge PATCH of only what the decision changed (``adapter.patches``,
-  computed with jsonpatch from the object as read to the object as decided), carrying the
-  read's ``metadata.resourceVersion``: the API server refuses it (409) if anything changed
-  since, exactly as it would a PUT of the object as read.
-- For a hold-family call, the deadline is checked immediately before every request (a
-  passed deadline → ``Rejected``, nothing sent) and bounds the request's timeout:
-  ``min(deadline - now, timeouts.apiserverRequest)``. The adapter sends through its own
-  client, a copy of the caller's configuration with urllib3's retries off, so no request is
-  re-sent behind its back and the caller's client is never modified.
-- A request that could not connect raises ``Unreachable`` (nothing sent); one that was sent
-  and timed out or lost its connection says it may still land within ``call_bound``.
-- A call retries at most ``MAX_RETRIES`` (8) times after its first try, then ``Conflict``.
-- In Kueue mode no request the adapter sends writes ``spec.suspend``: Hold and Release PUT
-  the Workload; Open PUTs the TrainJob with only the opened mark changed.
+Why the kubernetes client and not the generated API methods: the read-to-write gap is what
+a busy node stretches (issue 11). The generated methods validate every argument with
+pydantic and walk the whole body to serialize it; here a read is one ``msgspec`` decode of
+the response bytes and a write's body is the small merge patch. Authentication, default
+headers (impersonation) and the transport are the client's own (``param_serialize`` /
+``call_api``).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import secrets
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import urllib3
 from kubernetes import client as k8s
 
-from adapter import decisions, patches
-from adapter.decisions import Decision, Obj, Outcome
-from adapter.errors import (
-    AdapterError,
-    Conflict,
-    DeadlinePassed,
-    Invalid,
-    NotFound,
-    PodsRemain,
-    Rejected,
-    StaleHold,
-    Unreachable,
-    Unsupported,
+from adapter.core import (
+    CALL_BOUND_MARGIN,
+    FIELD_MANAGER,
+    MAX_RETRIES,
+    START_POLL_INTERVAL_S,
+    WRITE_VERB,
+    AdapterCore,
+    ApiStatusError,
+    BeforeRequest,
+    Clock,
+    ConnectionLost,
+    DriverError,
+    NoAnswer,
+    NotConnected,
+    Operation,
+    Pause,
+    Request,
+    RequestHook,
+    Send,
 )
-from adapter.types import CallMeta, Capability, Observation, PreflightResult, Ref
-from holdwarden import kubeclient, objects
+from adapter.types import CallMeta, Observation, PreflightResult, Ref
+from holdwarden import kubeclient
 from holdwarden.config import Config
-from holdwarden.vocabulary import (
-    ADMISSIONCHECK,
-    BREAK_GLASS_GROUP,
-    CLUSTERQUEUE,
-    CLUSTERTRAININGRUNTIME,
-    JOB_UID_LABEL,
-    JOBSET_NAME_LABEL,
-    LOCALQUEUE,
-    TRAININGRUNTIME,
-    TRAINJOB,
-    WORKLOAD,
-    Annotations,
-    Mode,
-    Resource,
-    RuleId,
-    check_hold_instance,
-)
 
-MAX_RETRIES = 8
-# Every write is a merge PATCH (adapter/patches.py), so ``patch`` is the RBAC verb the
-# supervisor needs on the held resource (and on TrainJobs for Open); preflight asks for it.
-WRITE_VERB = "patch"
-CALL_BOUND_MARGIN = timedelta(seconds=5)
-FIELD_MANAGER = "holdwarden-adapter"
-START_POLL_INTERVAL_S = 0.1
+__all__ = [
+    "CALL_BOUND_MARGIN",
+    "FIELD_MANAGER",
+    "MAX_RETRIES",
+    "START_POLL_INTERVAL_S",
+    "WRITE_VERB",
+    "Adapter",
+    "Request",
+]
 
-Clock = Callable[[], datetime]
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Request:
-    """One request the adapter is about to send (what the request log and hook see)."""
+class Adapter(AdapterCore):
+    """Start, Open, Hold, Release, Observe and Preflight on TrainJobs, blocking.
 
-    verb: str  # get | list | create | update | dry-run-create | access-review
-    resource: str  # trainjobs | workloads | pods | selfsubjectaccessreviews
-    namespace: str
-    name: str = ""
-    timeout: float | None = None
-    """Seconds the request was allowed (set in the request log once it is sent)."""
-
-
-RequestHook = Callable[[Request], None]
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _api_message(exc: k8s.ApiException) -> str:
-    """The API server's Status message, else the raw reason."""
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message or exc.reason or f"HTTP {exc.status}")
-
-
-def _error_for(exc: k8s.ApiException, what: str) -> AdapterError:
-    """Map an API error (other than a 409 the caller handles) to the adapter's classes."""
-    message = _api_message(exc)
-    if exc.status == 404:
-        return NotFound(f"{what}: not found ({message})")
-    if exc.status == 403:
-        return Rejected(f"{what}: refused by the API server: {message}")
-    if exc.status in (400, 422):
-        return Invalid(f"{what}: the API server found the object invalid: {message}")
-    return AdapterError(f"{what}: API error {exc.status}: {message}")
-
-
-class _ConflictError(Exception):
-    """A PUT met a resourceVersion conflict (HTTP 409)."""
-
-
-class Adapter:
-    """Start, Open, Hold, Release, Observe and Preflight on TrainJobs.
-
-    ``api_client``: a ``kubernetes.client.ApiClient`` (default: in-cluster config, else the
-    kubeconfig). ``clock``: returns the current aware datetime (tests inject one).
-    ``before_request``: called with each ``Request`` just before its deadline check (tests
-    use it to interleave other writers or move the clock between a read and a write).
-
-    Preflight runs lazily, once per namespace, on the first Hold or Release there (bounded
-    by that call's deadline), after that call's first read (so the call's own errors, e.g.
-    a missing TrainJob, come first), and is cached per adapter; ``preflight(ns)`` runs it
-    again and replaces the cached result, ``forget_preflight()`` drops it.
-    ``lazy_preflight``: ``"full"`` (default) probes as ``preflight()`` does, including the
-    dry-run creates; ``"access"`` asks only SelfSubjectAccessReviews (no ``create`` right
-    needed: what the CLI's hold and release use). Thread-safe for concurrent calls.
+    ``api_client``: a ``kubernetes.client.ApiClient`` whose configuration is copied
+    (default: in-cluster config, else the kubeconfig). The other arguments are
+    ``AdapterCore``'s. Thread-safe for concurrent calls.
     """
 
     def __init__(
@@ -153,36 +79,13 @@ class Adapter:
         before_request: RequestHook | None = None,
         lazy_preflight: Literal["full", "access"] = "full",
     ) -> None:
-        if lazy_preflight not in ("full", "access"):
-            raise ValueError(f"lazy_preflight must be 'full' or 'access', got {lazy_preflight!r}")
-        self.lazy_preflight = lazy_preflight
-        self.config = config
-        self.mode: Mode = config.mode
-        self.annotations = Annotations(config.annotation_prefix)
+        super().__init__(
+            config, clock=clock, before_request=before_request, lazy_preflight=lazy_preflight
+        )
         # The adapter's own client, built from a copy of the caller's configuration: the
         # caller's ApiClient is never modified (its retries, its pool) and stays the
         # caller's to use and close; ``close()`` closes only this one.
         self._api = _own_client(api_client)
-        self._custom = k8s.CustomObjectsApi(self._api)
-        self._core = k8s.CoreV1Api(self._api)
-        self._authz = k8s.AuthorizationV1Api(self._api)
-        self._clock: Clock = clock or _utc_now
-        self._hook = before_request
-        self._lock = threading.Lock()
-        self._request_count = 0
-        self.request_log: deque[Request] = deque(maxlen=10_000)
-        # ref -> (TrainJob uid, Workload name): spares the LIST of Workloads on every call.
-        self._workloads: dict[Ref, tuple[str, str]] = {}
-        self._preflights: dict[str, PreflightResult] = {}
-
-    # ---- public properties -----------------------------------------------------------
-
-    @property
-    def call_bound(self) -> timedelta:
-        """``timeouts.apiserverRequest`` + 5 s: how long after its deadline a call's last
-        request may still commit (the margin covers clock skew and the etcd commit of a
-        request that timed out at the API server)."""
-        return self.config.apiserver_request_timeout + CALL_BOUND_MARGIN
 
     @property
     def api_client(self) -> k8s.ApiClient:
@@ -201,541 +104,84 @@ class Adapter:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    @property
-    def request_count(self) -> int:
-        """Requests sent so far (every verb, every call); the benchmark reads it."""
-        return self._request_count
-
     # ---- the contract ----------------------------------------------------------------
 
     def start(self, trainjob: dict[str, Any], meta: CallMeta) -> Ref:
         """Create the TrainJob; in Kueue mode wait (bounded by the deadline) for its
         Workload, so every started object has one. On timeout the TrainJob stays created."""
-        deadline = self._deadline(meta)
-        try:
-            body = decisions.validate_start_body(
-                trainjob, mode=self.mode, annotations=self.annotations
-            )
-        except ValueError as exc:
-            raise Invalid(str(exc)) from exc
-        ref = Ref(body["metadata"]["namespace"], body["metadata"]["name"])
-        req = Request("create", TRAINJOB.plural, ref.namespace, ref.name)
-        try:
-            created = self._send(
-                req,
-                deadline,
-                self._custom.create_namespaced_custom_object,
-                *self._coords(TRAINJOB, ref.namespace),
-                body,
-                field_manager=FIELD_MANAGER,
-            )
-        except k8s.ApiException as exc:
-            if exc.status == 409:
-                raise Rejected(f"start {ref}: a TrainJob of that name exists") from exc
-            raise _error_for(exc, f"start {ref}") from exc
-        if self.mode == "plain":
-            return ref
-        uid = str(created["metadata"]["uid"])
-        timed_out = (
-            f"start {ref}: the TrainJob was created but its Workload did not appear before the"
-            " deadline (is Kueue running and the queue-name label right?)"
-        )
-        while True:
-            try:
-                workload = self._discover_workload(ref, uid, deadline)
-            except DeadlinePassed as exc:
-                raise DeadlinePassed(timed_out) from exc
-            if workload is not None:
-                return ref
-            remaining = (deadline - self._clock()).total_seconds()
-            if remaining <= 0:
-                raise DeadlinePassed(timed_out)
-            time.sleep(min(START_POLL_INTERVAL_S, remaining))
+        return self._drive(self._start(trainjob, meta))
 
     def open(self, ref: Ref, meta: CallMeta) -> None:
         """Mark the TrainJob opened (plain mode: and run it if it waits at its start gate)."""
-        deadline = self._deadline(meta)
-        what = f"open {ref}"
-        self._read_decide_write(
-            TRAINJOB,
-            lambda: self._get(TRAINJOB, ref.namespace, ref.name, deadline, what),
-            lambda trainjob: decisions.decide_open(
-                trainjob, mode=self.mode, now=self._clock(), annotations=self.annotations
-            ),
-            deadline,
-            what,
-        )
+        self._drive(self._open(ref, meta))
 
     def hold(self, ref: Ref, meta: CallMeta, reason: str) -> None:
         """Place hold ``meta.instance`` (see the spec's conflict rules)."""
-        deadline = self._deadline(meta)
-        instance = self._instance(meta)
-        if not isinstance(reason, str) or len(reason) > decisions.MAX_REASON_LENGTH:
-            raise Invalid(f"reason must be text of at most {decisions.MAX_REASON_LENGTH} chars")
-        what = f"hold {ref} instance {instance}"
-        # What the last conflicted try read: decide_hold's conflict rules need it.
-        conflicted: list[Obj] = []
-
-        def decide(held: Obj) -> Decision:
-            return decisions.decide_hold(
-                held,
-                mode=self.mode,
-                instance=instance,
-                reason=reason,
-                holder=self.config.holder,
-                now=self._clock(),
-                annotations=self.annotations,
-                last_seen_instance=(
-                    objects.hold_instance_text(conflicted[-1], self.annotations)
-                    if conflicted
-                    else None
-                ),
-                after_conflict=bool(conflicted),
-            )
-
-        self._read_decide_write(
-            self._held_resource,
-            self._held_reader(ref, deadline, what),
-            decide,
-            deadline,
-            what,
-            on_conflict=conflicted.append,
-        )
+        self._drive(self._hold(ref, meta, reason))
 
     def release(self, ref: Ref, meta: CallMeta) -> None:
         """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force."""
-        deadline = self._deadline(meta)
-        instance = self._instance(meta)
-        what = f"release {ref} instance {instance}"
-
-        def decide(held: Obj) -> Decision:
-            pods_remain: bool | None = None
-            in_force = objects.hold_instance(held, self.annotations) == instance
-            if (
-                self.mode == "plain"
-                and in_force
-                and decisions.release_would_unsuspend(held, self.annotations)
-            ):
-                pods_remain = self._pods_remain(ref, deadline)
-            return decisions.decide_release(
-                held,
-                mode=self.mode,
-                instance=instance,
-                annotations=self.annotations,
-                pods_remain=pods_remain,
-            )
-
-        self._read_decide_write(
-            self._held_resource, self._held_reader(ref, deadline, what), decide, deadline, what
-        )
+        self._drive(self._release(ref, meta))
 
     def observe(self, ref: Ref) -> Observation:
         """Classify the TrainJob (and its Workload in Kueue mode). Sends no writes."""
-        what = f"observe {ref}"
-        trainjob = self._get(TRAINJOB, ref.namespace, ref.name, None, what)
-        workload: Obj | None = None
-        if self.mode == "kueue":
-            workload = self._workload_for(ref, trainjob, None)
-        observation = decisions.classify(
-            trainjob, workload, mode=self.mode, annotations=self.annotations, ref=ref
-        )
-        pods, pods_error = self._list_pods(ref)
-        return replace(
-            observation,
-            leftover_pods=decisions.leftover_pods(observation.state, pods),
-            pods_error=pods_error,
-        )
+        return self._drive(self._observe(ref))
 
     def preflight(self, namespace: str = "default", *, refresh: bool = True) -> PreflightResult:
         """Probe what the adapter can do in ``namespace`` (every probe, dry-run creates
         included) and cache it for Hold/Release. ``refresh=False`` returns the cached result
         when there is one (which may come from the lighter lazy check)."""
-        if not refresh:
-            cached = self._preflights.get(namespace)
-            if cached is not None:
-                return cached
-        result = self._run_preflight(namespace, None)
-        self._preflights[namespace] = result
-        return result
+        return self._drive(self._preflight(namespace, refresh))
 
-    def forget_preflight(self, namespace: str | None = None) -> None:
-        """Drop the cached preflight of ``namespace`` (every namespace when None): the next
-        Hold or Release there probes again (e.g. after RBAC or the enforcer changed)."""
-        if namespace is None:
-            self._preflights.clear()
-        else:
-            self._preflights.pop(namespace, None)
+    # ---- the driver ------------------------------------------------------------------
 
-    # ---- hold-family helpers ---------------------------------------------------------
+    def _drive(self, operation: Operation[T]) -> T:
+        """Run ``operation``'s steps on this thread until it returns or raises.
 
-    @property
-    def _held_resource(self) -> Resource:
-        return WORKLOAD if self.mode == "kueue" else TRAINJOB
-
-    def _deadline(self, meta: CallMeta) -> datetime:
-        deadline = getattr(meta, "deadline", None)
-        if not isinstance(deadline, datetime):
-            raise Invalid("the call carries no deadline (CallMeta.deadline)")
-        if deadline.tzinfo is None or deadline.utcoffset() is None:
-            raise Invalid("CallMeta.deadline must be timezone-aware, e.g. datetime.now(UTC)")
-        if deadline <= self._clock():
-            raise DeadlinePassed(f"the call's deadline {deadline.isoformat()} has passed")
-        return deadline
-
-    @staticmethod
-    def _instance(meta: CallMeta) -> int:
-        instance = meta.instance
-        # The one bound (vocabulary.MAX_HOLD_INSTANCE), checked here, before any request:
-        # an instance the enforcer and every parser would call malformed is never written.
-        try:
-            return check_hold_instance(instance)
-        except ValueError as exc:
-            raise Invalid(str(exc)) from exc
-
-    def _first_read(self, ref: Ref, deadline: datetime, what: str) -> Obj | None:
-        """A Hold's or Release's first read, then the capability check (cached preflight).
-
-        The call's own errors come first: a missing TrainJob is NotFound, one without a
-        Workload is Rejected, whatever preflight would say. A read the API server refused
-        (403) is reported as Unsupported when preflight says Hold is not available here
-        (that reason names the missing right), else as the refusal. Returns the object
-        read, or None when preflight ran just now (it took time: the loop reads again, so
-        the decision is made on a fresh read).
+        A transport failure of a ``Send`` is thrown into the operation (which maps it); an
+        exception of the hook propagates to the caller as it is.
         """
-        read_error: AdapterError | None = None
-        held: Obj | None = None
+        reply: Any = None
+        failure: DriverError | None = None
         try:
-            held = self._read_held(ref, deadline, what)
-        except Rejected as exc:
-            cause = exc.__cause__
-            if not (isinstance(cause, k8s.ApiException) and cause.status == 403):
-                raise
-            read_error = exc
-        if self._require_hold(ref.namespace, deadline):
-            held = None
-        if read_error is not None:
-            raise read_error
-        return held
+            while True:
+                try:
+                    if failure is not None:
+                        step = operation.throw(failure)
+                    else:
+                        step = operation.send(reply)
+                except StopIteration as done:
+                    result: T = done.value
+                    return result
+                reply, failure = None, None
+                if isinstance(step, Send):
+                    try:
+                        reply = self._perform(step)
+                    except DriverError as exc:
+                        failure = exc
+                elif isinstance(step, BeforeRequest):
+                    if self._hook is not None:
+                        self._hook(step.req)
+                elif isinstance(step, Pause):
+                    time.sleep(step.seconds)
+        finally:
+            operation.close()
 
-    def _require_hold(self, namespace: str, deadline: datetime) -> bool:
-        """Raise Unsupported unless Hold is available in ``namespace``; True when the
-        (lazy) preflight had to run for it now."""
-        result = self._preflights.get(namespace)
-        ran = result is None
-        if result is None:
-            if self.lazy_preflight == "access":
-                result = self._run_access_preflight(namespace, deadline)
-            else:
-                result = self._run_preflight(namespace, deadline)
-            self._preflights[namespace] = result
-        if not result.hold_supported:
-            raise Unsupported(result.hold_unsupported_reason or "unknown")
-        return ran
-
-    def _read_decide_write(
-        self,
-        resource: Resource,
-        read: Callable[[], Obj],
-        decide: Callable[[Obj], Decision],
-        deadline: datetime,
-        what: str,
-        on_conflict: Callable[[Obj], None] | None = None,
-    ) -> None:
-        """The loop Open, Hold and Release share: read, decide (purely), and write the
-        decision preconditioned on the resourceVersion of that read; on a conflict (409),
-        read and decide again, at most ``1 + MAX_RETRIES`` tries in all.
-
-        Invariant: every write carries the resourceVersion of the very read it was decided
-        on, so a write decided on a stale object can never land.
-        """
-        for _ in range(1 + MAX_RETRIES):
-            obj = read()
-            decision = decide(obj)
-            if decision.outcome is not Outcome.WRITE:
-                self._settle(decision, what)
-                return
-            try:
-                self._put(resource, obj, decision, deadline, what)
-                return
-            except _ConflictError:
-                if on_conflict is not None:
-                    on_conflict(obj)
-        raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
-
-    def _held_reader(self, ref: Ref, deadline: datetime, what: str) -> Callable[[], Obj]:
-        """Reads of the held object for one call: the first is ``_first_read`` (which also
-        checks preflight), every later one (after a conflict) ``_read_held``."""
-        first = self._first_read(ref, deadline, what)
-
-        def read() -> Obj:
-            nonlocal first
-            obj, first = first, None
-            return obj if obj is not None else self._read_held(ref, deadline, what)
-
-        return read
-
-    def _settle(self, decision: Decision, what: str) -> None:
-        """Turn a decision that writes nothing into a return or the matching error."""
-        if decision.outcome is Outcome.DONE:
-            return
-        message = f"{what}: {decision.detail}"
-        if decision.outcome is Outcome.STALE:
-            raise StaleHold(message)
-        if decision.outcome is Outcome.PODS_REMAIN:
-            raise PodsRemain(message)
-        if decision.outcome is Outcome.INVALID:
-            raise Invalid(message)
-        raise Rejected(message)
-
-    def _read_held(self, ref: Ref, deadline: datetime, what: str) -> Obj:
-        """Read the held object: the Workload (Kueue mode) or the TrainJob (plain mode)."""
-        if self.mode == "plain":
-            return self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
-        # The TrainJob is read first, every time: only its uid *now* tells whether the
-        # cached Workload still belongs to it. A TrainJob deleted and started again under
-        # the same name has a new uid, and until the garbage collector removes the old
-        # Workload, trusting the cache would hold the dead job's Workload while the new job
-        # runs. Correctness costs one GET: a steady-state Kueue-mode Hold is GET TrainJob,
-        # GET Workload, PUT Workload.
-        trainjob = self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
-        workload = self._workload_for(ref, trainjob, deadline)
-        if workload is None:
-            raise Rejected(f"{what}: the TrainJob has no Workload (not managed by Kueue yet?)")
-        return workload
-
-    def _workload_for(
-        self, ref: Ref, trainjob: Obj | None, deadline: datetime | None
-    ) -> Obj | None:
-        """The TrainJob's Workload, from the cache (one GET) or by discovery.
-
-        A cached Workload is used only if it still has a controller ownerReference to the
-        cached TrainJob uid (and, when ``trainjob`` was read, that uid is the TrainJob's)
-        and is not being deleted; otherwise the cache entry is dropped and rediscovered.
-        """
-        cached = self._workloads.get(ref)
-        uid = str(trainjob["metadata"]["uid"]) if trainjob is not None else None
-        if cached is not None and (uid is None or cached[0] == uid):
-            try:
-                workload = self._get(WORKLOAD, ref.namespace, cached[1], deadline, "")
-            except NotFound:
-                workload = None
-            if (
-                workload is not None
-                and objects.controlled_by(workload, cached[0])
-                and not objects.is_deleting(workload)
-            ):
-                return workload
-        self._workloads.pop(ref, None)
-        if trainjob is None:
-            trainjob = self._get(TRAINJOB, ref.namespace, ref.name, deadline, f"{ref}")
-            uid = str(trainjob["metadata"]["uid"])
-        assert uid is not None
-        return self._discover_workload(ref, uid, deadline)
-
-    def _discover_workload(self, ref: Ref, uid: str, deadline: datetime | None) -> Obj | None:
-        """List Workloads labelled job-uid=<uid> and keep the one the TrainJob controls."""
-        req = Request("list", WORKLOAD.plural, ref.namespace)
-        try:
-            listed = self._send(
-                req,
-                deadline,
-                self._custom.list_namespaced_custom_object,
-                *self._coords(WORKLOAD, ref.namespace),
-                label_selector=f"{JOB_UID_LABEL}={uid}",
-            )
-        except k8s.ApiException as exc:
-            raise _error_for(exc, f"find the Workload of {ref}") from exc
-        owned = [
-            w
-            for w in listed.get("items") or []
-            if objects.controlled_by(w, uid) and not objects.is_deleting(w)
-        ]
-        if not owned:
-            return None
-        if len(owned) > 1:
-            names = sorted(str(w["metadata"]["name"]) for w in owned)
-            raise Rejected(f"{ref} has several Workloads {names}; refusing to guess")
-        workload: Obj = owned[0]
-        # The list response's items carry no apiVersion/kind; a PUT needs them.
-        workload.setdefault("apiVersion", WORKLOAD.api_version)
-        workload.setdefault("kind", WORKLOAD.kind)
-        self._workloads[ref] = (uid, str(workload["metadata"]["name"]))
-        return workload
-
-    def _forget_workload(self, namespace: str, name: str) -> None:
-        for ref, (_, cached) in list(self._workloads.items()):
-            if ref.namespace == namespace and cached == name:
-                self._workloads.pop(ref, None)
-
-    def _list_pods(self, ref: Ref) -> tuple[list[Obj], str | None]:
-        """The TrainJob's pods, as plain dicts, or the reason they could not be listed.
-
-        Observe reports, it does not fail: a supervisor without ``list pods`` still gets
-        the state, and the reason the pod facts are missing.
-        """
-        req = Request("list", "pods", ref.namespace)
-        try:
-            pods = self._send(
-                req,
-                None,
-                self._core.list_namespaced_pod,
-                ref.namespace,
-                label_selector=f"{JOBSET_NAME_LABEL}={ref.name}",
-            )
-        except k8s.ApiException as exc:
-            return [], f"could not list the pods of {ref}: {_api_message(exc)}"
-        return [
-            {
-                "name": pod.metadata.name,
-                "deleting": pod.metadata.deletion_timestamp is not None,
-                "phase": pod.status.phase if pod.status is not None else None,
-            }
-            for pod in pods.items
-        ], None
-
-    def _pods_remain(self, ref: Ref, deadline: datetime) -> bool:
-        req = Request("list", "pods", ref.namespace)
-        try:
-            pods = self._send(
-                req,
-                deadline,
-                self._core.list_namespaced_pod,
-                ref.namespace,
-                label_selector=f"{JOBSET_NAME_LABEL}={ref.name}",
-                limit=1,
-            )
-        except k8s.ApiException as exc:
-            raise _error_for(exc, f"list the pods of {ref}") from exc
-        return bool(pods.items)
-
-    # ---- requests --------------------------------------------------------------------
-
-    @staticmethod
-    def _coords(resource: Resource, namespace: str) -> tuple[str, str, str, str]:
-        return (resource.group, resource.version, namespace, resource.plural)
-
-    @staticmethod
-    def _path(resource: Resource, namespace: str, name: str) -> str:
-        return (
-            f"/apis/{resource.group}/{resource.version}/namespaces/{namespace}"
-            f"/{resource.plural}/{name}"
-        )
-
-    def _raw(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: list[tuple[str, str]] | None = None,
-        body: Obj | None = None,
-        content_type: str | None = None,
-        decode: bool = True,
-        _request_timeout: float,
-    ) -> Obj | None:
-        """One request through the adapter's client, without the generated API layer.
-
-        Why: the read-to-write gap is what a busy node stretches (issue 11). The generated
-        methods validate every argument with pydantic and walk the whole body to serialize
-        it; here a read is one ``msgspec`` decode of the response bytes and a write's body
-        is the small merge patch. Authentication, default headers (impersonation) and the
-        transport are the client's own (``param_serialize`` / ``call_api``). A non-2xx
-        answer raises ``ApiException`` as the generated methods do.
-        """
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
+    def _perform(self, step: Send) -> Any:
+        """One request through the adapter's client, without the generated API layer; a
+        non-2xx answer raises ``ApiStatusError``, a transport failure its core kind."""
+        http = step.http
         request = self._api.param_serialize(
-            method,
-            path,
-            query_params=query,
-            header_params=headers,
-            body=body,
+            http.method,
+            http.path,
+            query_params=list(http.query) or None,
+            header_params={"Accept": "application/json", "Content-Type": http.content_type},
+            body=http.body,
             auth_settings=["BearerToken"],
         )
-        response = self._api.call_api(*request, _request_timeout=_request_timeout)
-        data = response.read()  # type: ignore[no-untyped-call]
-        if not 200 <= response.status <= 299:
-            raise k8s.ApiException(http_resp=response)
-        if not decode:
-            return None
-        decoded: Obj = msgspec.json.decode(data)
-        return decoded
-
-    def _get(
-        self,
-        resource: Resource,
-        namespace: str,
-        name: str,
-        deadline: datetime | None,
-        what: str,
-    ) -> Obj:
-        req = Request("get", resource.plural, namespace, name)
         try:
-            obj: Obj = self._send(
-                req, deadline, self._raw, "GET", self._path(resource, namespace, name)
-            )
-        except k8s.ApiException as exc:
-            raise _error_for(exc, what or f"get {resource.kind} {namespace}/{name}") from exc
-        return obj
-
-    def _put(
-        self, resource: Resource, read: Obj, decision: Decision, deadline: datetime, what: str
-    ) -> None:
-        """Write the decision: the merge patch from ``read`` to the decided body, carrying
-        the read's metadata.resourceVersion (the precondition: 409 if the object moved on,
-        exactly as a PUT of the object as read would be). Sent as one PATCH; only the
-        changed fields travel (a few hundred bytes instead of the whole object)."""
-        body = decision.body
-        assert body is not None
-        meta = read["metadata"]
-        patch = patches.write_patch(read, body)  # ValueError: no resourceVersion to keep
-        req = Request("update", resource.plural, meta["namespace"], meta["name"])
-        try:
-            self._send(
-                req,
-                deadline,
-                self._raw,
-                "PATCH",
-                self._path(resource, meta["namespace"], meta["name"]),
-                query=[("fieldManager", FIELD_MANAGER)],
-                body=patch,
-                content_type="application/merge-patch+json",
-                decode=False,  # nothing reads the answer: spare the decode
-            )
-        except k8s.ApiException as exc:
-            if exc.status == 409:
-                raise _ConflictError() from exc
-            if exc.status == 404 and resource is WORKLOAD:
-                self._forget_workload(meta["namespace"], meta["name"])
-            raise _error_for(exc, what) from exc
-
-    def _send(
-        self,
-        req: Request,
-        deadline: datetime | None,
-        fn: Callable[..., Any],
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        """Send one request: hook, deadline check, bounded timeout, count, then the call."""
-        if self._hook is not None:
-            self._hook(req)
-        limit = self.config.apiserver_request_timeout
-        if deadline is not None:
-            remaining = deadline - self._clock()
-            if remaining <= timedelta(0):
-                raise DeadlinePassed(
-                    f"deadline passed before {req.verb} {req.resource} {req.name}: not sent"
-                )
-            limit = min(limit, remaining)
-        timeout = max(limit.total_seconds(), 0.001)
-        with self._lock:
-            self._request_count += 1
-            self.request_log.append(replace(req, timeout=timeout))
-        try:
-            return fn(*args, _request_timeout=timeout, **kwargs)
-        except k8s.ApiException:
-            raise
+            response = self._api.call_api(*request, _request_timeout=step.timeout)
+            data = response.read()  # type: ignore[no-untyped-call]
         except (
             urllib3.exceptions.NewConnectionError,
             urllib3.exceptions.ConnectTimeoutError,
@@ -743,395 +189,17 @@ class Adapter:
             # Before urllib3's TimeoutError: in urllib3 2.x NewConnectionError (refused,
             # unresolvable) IS a ConnectTimeoutError, a TimeoutError. Either way no
             # connection was made, so no byte of this request reached the API server.
-            not_sent = f"{req.verb} {req.resource} {req.name}: not sent"
-            if deadline is not None and self._clock() >= deadline:
-                raise DeadlinePassed(
-                    f"{not_sent}: no connection to the API server before the deadline ({exc})"
-                ) from exc
-            raise Unreachable(
-                f"{not_sent}: cannot connect to the API server"
-                f" ({_connect_failure(exc)}); nothing of this request can land"
-            ) from exc
+            raise NotConnected(_connect_failure(exc)) from exc
         except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
-            message = (
-                f"{req.verb} {req.resource} {req.name}: sent, but no answer within"
-                f" {limit.total_seconds():.3f}s (deadline or timeouts.apiserverRequest); it"
-                f" may still land within call_bound ({self.call_bound.total_seconds():g}s"
-                " after the deadline): place a new hold instance only after that"
-            )
-            # Cut off by the call's own deadline: the same outcome as a deadline that
-            # passed before sending, so callers (Start's wait) can treat both alike.
-            if deadline is not None and self._clock() >= deadline:
-                raise DeadlinePassed(message) from exc
-            raise Rejected(message) from exc
+            raise NoAnswer(str(exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            # The connection was made and then lost (reset, closed mid-answer): the request
-            # may have been received, so a write may still land, as after a timeout.
-            raise AdapterError(
-                f"{req.verb} {req.resource} {req.name}: the connection to the API server was"
-                f" lost after the request was sent ({exc}); it may still land within"
-                f" call_bound ({self.call_bound.total_seconds():g}s after the deadline)"
-            ) from exc
-
-    # ---- preflight -------------------------------------------------------------------
-
-    def _run_preflight(self, namespace: str, deadline: datetime | None) -> PreflightResult:
-        runtime_ref = self._probe_runtime_ref(namespace, deadline)
-        extra: dict[str, Capability] = {}
-        if self.mode == "kueue":
-            extra["readmissionGate"] = self._probe_readmission_gate(namespace, deadline)
-        extra["holdOwnership"] = self._probe_ownership(deadline)
-        return PreflightResult(
-            mode=self.mode,
-            namespace=namespace,
-            hold_round_trip=self._probe_round_trip(namespace, deadline, runtime_ref),
-            update_workloads=self._probe_access(
-                namespace, WRITE_VERB, WORKLOAD.group, WORKLOAD.plural, deadline
-            ),
-            update_trainjobs=self._probe_access(
-                namespace, WRITE_VERB, TRAINJOB.group, TRAINJOB.plural, deadline
-            ),
-            list_pods=self._probe_access(namespace, "list", "", "pods", deadline),
-            enforcer_installed=self._probe_enforcer(namespace, deadline, runtime_ref),
-            extra=extra,
-        )
-
-    def _run_access_preflight(self, namespace: str, deadline: datetime) -> PreflightResult:
-        """The light check: SelfSubjectAccessReviews only, no dry-run create (so no create
-        right is needed). The round trip is not probed; it stands for the right to update
-        the held resource, which is what the Hold's own write needs: one review."""
-        not_probed = "not probed (access reviews only; run `holdwarden preflight`)"
-        resource = self._held_resource
-        held = self._probe_access(namespace, WRITE_VERB, resource.group, resource.plural, deadline)
-        other = Capability(False, not_probed)
-        workloads, trainjobs = (held, other) if resource is WORKLOAD else (other, held)
-        return PreflightResult(
-            mode=self.mode,
-            namespace=namespace,
-            hold_round_trip=Capability(held.supported, f"{not_probed}; {held.reason}"),
-            update_workloads=workloads,
-            update_trainjobs=trainjobs,
-            list_pods=Capability(False, not_probed),
-            enforcer_installed=Capability(False, not_probed),
-        )
-
-    def _list(
-        self, resource: Resource, namespace: str | None, deadline: datetime | None, limit: int
-    ) -> list[Obj]:
-        """LIST a custom resource (cluster-scoped when ``namespace`` is None)."""
-        req = Request("list", resource.plural, namespace or "")
-        if namespace is None:
-            answer = self._send(
-                req,
-                deadline,
-                self._custom.list_cluster_custom_object,
-                resource.group,
-                resource.version,
-                resource.plural,
-                limit=limit,
-            )
-        else:
-            answer = self._send(
-                req,
-                deadline,
-                self._custom.list_namespaced_custom_object,
-                *self._coords(resource, namespace),
-                limit=limit,
-            )
-        items: list[Obj] = answer.get("items") or []
-        return items
-
-    def _get_cluster(self, resource: Resource, name: str, deadline: datetime | None) -> Obj:
-        req = Request("get", resource.plural, "", name)
-        obj: Obj = self._send(
-            req,
-            deadline,
-            self._custom.get_cluster_custom_object,
-            resource.group,
-            resource.version,
-            resource.plural,
-            name,
-        )
-        return obj
-
-    def _probe_runtime_ref(self, namespace: str, deadline: datetime | None) -> Obj:
-        """A ``spec.runtimeRef`` that Trainer's and Kueue's TrainJob webhooks accept.
-
-        Both resolve the runtime a TrainJob names and refuse a create naming one that does
-        not exist ("runtime not found"). Validating webhooks run in parallel and Kubernetes
-        does not say whose refusal is reported, so a probe naming a made-up runtime may be
-        refused by Trainer before the hold rules are even looked at. The probe therefore
-        names a runtime that exists: a TrainingRuntime of the namespace, else a
-        ClusterTrainingRuntime. With no Trainer installed (no such resources, or no right
-        to list them), a placeholder is named: then nothing resolves it either.
-        """
-        for resource, scope in (
-            (TRAININGRUNTIME, namespace),
-            (CLUSTERTRAININGRUNTIME, None),
-        ):
-            try:
-                items = self._list(resource, scope, deadline, limit=1)
-            except k8s.ApiException:
-                continue
-            if items:
-                name = (items[0].get("metadata") or {}).get("name")
-                if name:
-                    return {"name": name, "apiGroup": resource.group, "kind": resource.kind}
-        return {"name": PROBE_RUNTIME_PLACEHOLDER}
-
-    def _probe_readmission_gate(self, namespace: str, deadline: datetime | None) -> Capability:
-        """Kueue mode: do the namespace's queues re-admit only through the readmission gate?
-
-        Without it, a Release lets Kueue re-admit while pods of the held execution still
-        terminate (two executions at once), and a job runs without any Open. Hold still
-        works, so this is reported, not made a condition of Hold (the spec fixes those).
-        """
-        controller = self.config.readmission.controller_name
-        try:
-            queues = self._list(LOCALQUEUE, namespace, deadline, limit=100)
-        except k8s.ApiException as exc:
-            return Capability(
-                False, f"could not list LocalQueues in {namespace}: {_api_message(exc)}"
-            )
-        if not queues:
-            return Capability(
-                False,
-                f"no LocalQueue in {namespace}: no job here can be admitted by Kueue, and none "
-                f"is gated by {controller}",
-            )
-        gated_checks: dict[str, bool] = {}
-        ungated: list[str] = []
-        for queue in queues:
-            lq = (queue.get("metadata") or {}).get("name", "?")
-            cq = (queue.get("spec") or {}).get("clusterQueue", "")
-            try:
-                names = decisions.cluster_queue_admission_checks(
-                    self._get_cluster(CLUSTERQUEUE, cq, deadline)
-                )
-                for check in names:
-                    if check not in gated_checks:
-                        spec = self._get_cluster(ADMISSIONCHECK, check, deadline).get("spec")
-                        gated_checks[check] = (spec or {}).get("controllerName") == controller
-            except k8s.ApiException as exc:
-                return Capability(
-                    False,
-                    f"could not read ClusterQueue {cq!r} of LocalQueue {namespace}/{lq} or its "
-                    f"AdmissionChecks: {_api_message(exc)}; grant get on clusterqueues and "
-                    "admissionchecks, or check the queue by hand",
-                )
-            if not any(gated_checks.get(check) for check in names):
-                ungated.append(f"LocalQueue {namespace}/{lq} (ClusterQueue {cq})")
-        if ungated:
-            return Capability(
-                False,
-                f"{', '.join(ungated)} lists no AdmissionCheck with controllerName {controller}: "
-                "a Release there lets Kueue re-admit while pods of the held execution remain, "
-                "and jobs run without Open; add the readmission AdmissionCheck to the "
-                "ClusterQueue's spec.admissionChecksStrategy (manifests/readmission)",
-            )
-        return Capability(
-            True, f"every LocalQueue in {namespace} re-admits only through {controller}"
-        )
-
-    def _probe_access(
-        self, namespace: str, verb: str, group: str, resource: str, deadline: datetime | None
-    ) -> Capability:
-        review = k8s.V1SelfSubjectAccessReview(
-            spec=k8s.V1SelfSubjectAccessReviewSpec(
-                resource_attributes=k8s.V1ResourceAttributes(
-                    namespace=namespace, verb=verb, group=group, resource=resource
-                )
-            )
-        )
-        what = f"{verb} {resource}{'.' + group if group else ''} in {namespace}"
-        req = Request("access-review", "selfsubjectaccessreviews", namespace, what)
-        try:
-            answer = self._send(
-                req, deadline, self._authz.create_self_subject_access_review, review
-            )
-        except k8s.ApiException as exc:
-            return Capability(False, f"could not ask whether we may {what}: {_api_message(exc)}")
-        status = answer.status
-        if status is not None and status.allowed:
-            return Capability(True, f"may {what}")
-        why = (status.reason or status.evaluation_error or "") if status is not None else ""
-        return Capability(False, f"may not {what}" + (f": {why}" if why else " (RBAC)"))
-
-    def _probe_ownership(self, deadline: datetime | None) -> Capability:
-        """Is hold-owner-only in force for this configuration, and is this adapter a holder?
-
-        Read from ``webhook.holderIdentities`` (the enforcer reads the same file) and the
-        identity the apiserver authenticates us as (SelfSubjectReview). No write can show
-        it: a holder's writes pass the rule, which is the point of it (docs/policy.md).
-        """
-        holders = self.config.webhook.holder_identities
-        if not holders:
-            return Capability(
-                False,
-                "hold-owner-only is off (webhook.holderIdentities is empty): anyone who may "
-                "update the held object can lift a hold",
-            )
-        req = Request("self-subject-review", "selfsubjectreviews", "")
-        try:
-            review = self._send(
-                req,
-                deadline,
-                k8s.AuthenticationV1Api(self._api).create_self_subject_review,
-                k8s.V1SelfSubjectReview(),
-            )
-            info = review.status.user_info
-            user, groups = str(info.username or ""), list(info.groups or [])
-        except (k8s.ApiException, AttributeError) as exc:
-            return Capability(False, f"hold-owner-only is configured, but who we are is "
-                              f"unknown (SelfSubjectReview failed: {exc})")  # fmt: skip
-        if user in holders or any(g in holders or g == BREAK_GLASS_GROUP for g in groups):
-            return Capability(True, f"hold-owner-only is configured for {list(holders)}, and "
-                              f"this adapter ({user}) is a holder")  # fmt: skip
-        return Capability(
-            False,
-            f"hold-owner-only is configured for {list(holders)}, but this adapter runs as "
-            f"{user}: the enforcer will refuse its Hold and Release",
-        )
-
-    def _preflight_name(self) -> str:
-        return f"holdwarden-preflight-{secrets.token_hex(4)}"
-
-    def _held_probe_body(self, namespace: str, runtime_ref: Obj) -> tuple[Resource, Obj]:
-        ann = self.annotations
-        annotations = {
-            ann.hold_instance: "1",
-            ann.hold_reason: "preflight hold round trip",
-            ann.held_at: objects.format_time(self._clock()),
-            ann.held_by: self.config.holder,
-        }
-        meta = {"name": self._preflight_name(), "namespace": namespace, "annotations": annotations}
-        if self.mode == "kueue":
-            return WORKLOAD, {
-                "apiVersion": WORKLOAD.api_version,
-                "kind": WORKLOAD.kind,
-                "metadata": meta,
-                "spec": {
-                    "active": False,
-                    "podSets": [
-                        {
-                            "name": "main",
-                            "count": 1,
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "probe", "image": "busybox"}],
-                                }
-                            },
-                        }
-                    ],
-                },
-            }
-        return TRAINJOB, {
-            "apiVersion": TRAINJOB.api_version,
-            "kind": TRAINJOB.kind,
-            "metadata": meta,
-            "spec": {"runtimeRef": dict(runtime_ref), "suspend": True},
-        }
-
-    def _probe_round_trip(
-        self, namespace: str, deadline: datetime | None, runtime_ref: Obj
-    ) -> Capability:
-        """Server-side dry-run create of a correctly held object; the echo must keep it."""
-        resource, body = self._held_probe_body(namespace, runtime_ref)
-        req = Request("dry-run-create", resource.plural, namespace, body["metadata"]["name"])
-        try:
-            echo = self._send(
-                req,
-                deadline,
-                self._custom.create_namespaced_custom_object,
-                *self._coords(resource, namespace),
-                body,
-                dry_run="All",
-                field_manager=FIELD_MANAGER,
-            )
-        except k8s.ApiException as exc:
-            return Capability(
-                False,
-                f"dry-run create of a held {resource.kind} failed: {_api_message(exc)}"
-                + _not_ours_hint(exc, self.annotations),
-            )
-        want = objects.annotations_of(body)
-        got = objects.annotations_of(echo)
-        lost = sorted(k for k, v in want.items() if got.get(k) != v)
-        if lost:
-            return Capability(False, f"the API server dropped or changed annotations {lost}")
-        if not objects.hold_field_set(echo, self.mode):
-            field = "spec.active=false" if self.mode == "kueue" else "spec.suspend=true"
-            return Capability(
-                False, f"the API server did not keep {field} on a held {resource.kind}"
-            )
-        return Capability(True, f"a held {resource.kind} round-trips (server-side dry run)")
-
-    def _probe_enforcer(
-        self, namespace: str, deadline: datetime | None, runtime_ref: Obj
-    ) -> Capability:
-        """Dry-run create of the held object carrying a hold instance without its hold
-        field: the enforcer must refuse it, by held-workload-inactive in Kueue mode (a
-        Workload, active) or held-trainjob-suspended in plain mode (a TrainJob, unsuspended).
-
-        The probe is the mode's own held kind, built to pass every other admission check
-        (a valid Workload; a TrainJob naming a runtime that exists), so that a refusal by
-        another webhook is unlikely and, when it happens, is reported as such.
-        """
-        resource, body = self._held_probe_body(namespace, runtime_ref)
-        body["metadata"]["annotations"] = {self.annotations.hold_instance: "1"}
-        if resource is WORKLOAD:
-            body["spec"]["active"] = True
-            rule = RuleId.HELD_WORKLOAD_INACTIVE.value
-        else:
-            body["spec"]["suspend"] = False
-            rule = RuleId.HELD_TRAINJOB_SUSPENDED.value
-        name = body["metadata"]["name"]
-        req = Request("dry-run-create", resource.plural, namespace, name)
-        try:
-            self._send(
-                req,
-                deadline,
-                self._custom.create_namespaced_custom_object,
-                *self._coords(resource, namespace),
-                body,
-                dry_run="All",
-                field_manager=FIELD_MANAGER,
-            )
-        except k8s.ApiException as exc:
-            message = _api_message(exc)
-            if rule in message or rule in (exc.body or ""):
-                return Capability(True, f"the enforcer refused a hold-breaking write ({rule})")
-            return Capability(
-                False,
-                "inconclusive: a hold-breaking dry-run write was refused, but not by the "
-                f"enforcer: {message}" + _not_ours_hint(exc, self.annotations),
-            )
-        return Capability(
-            False,
-            f"a {resource.kind} carrying a hold instance without its hold field was accepted: "
-            "no enforcer is installed",
-        )
-
-
-PROBE_RUNTIME_PLACEHOLDER = "holdwarden-preflight"
-
-
-def _not_ours_hint(exc: k8s.ApiException, annotations: Annotations) -> str:
-    """A hint when a probe was refused by some other admission plugin, not a hold rule.
-
-    Validating webhooks run in parallel; when several refuse, which one's message comes back
-    is not defined. Naming that case tells the operator the probe says nothing about holds.
-    """
-    text = f"{_api_message(exc)} {exc.body or ''}"
-    if any(rule.value in text for rule in RuleId) or exc.status not in (400, 403, 422):
-        return ""
-    if "denied" in text:
-        return (
-            " (refused by another admission check, not by a hold rule: the probe could not "
-            "reach the hold check; see that check's message above)"
-        )
-    return ""
+            raise ConnectionLost(str(exc)) from exc
+        if not 200 <= response.status <= 299:
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+            raise ApiStatusError(response.status, str(response.reason or ""), text)
+        if not http.decode:
+            return None
+        return msgspec.json.decode(data)
 
 
 def _own_client(api_client: k8s.ApiClient | None) -> k8s.ApiClient:

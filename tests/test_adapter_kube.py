@@ -1,4 +1,8 @@
-"""The adapter against the REAL local control plane (etcd + kube-apiserver, real CRDs).
+"""Both adapters against the REAL local control plane (etcd + kube-apiserver, real CRDs).
+
+Every test runs twice: with the sync ``Adapter`` and with the asyncio ``AsyncAdapter``
+(through ``tests.adapters.BlockingAsyncAdapter``, which gives it blocking methods), so the
+two drivers are held to exactly the same behaviour.
 
 The adapter runs as the supervisor's service account. No Kueue or Trainer controller runs:
 where the story needs one, the test acts as it, impersonating its service account (the
@@ -31,6 +35,7 @@ from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from tests.adapters import BlockingAsyncAdapter
 
 pytestmark = pytest.mark.controlplane
 
@@ -40,6 +45,29 @@ HOLDER = "dispatch-test"
 
 def meta(instance: int | None = None, seconds: float = 20) -> CallMeta:
     return CallMeta(datetime.now(UTC) + timedelta(seconds=seconds), instance)
+
+
+_DRIVER: dict[str, Any] = {"name": "sync", "made": []}
+
+
+@pytest.fixture(params=["sync", "asyncio"], autouse=True)
+def driver(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Which adapter ``make`` builds for this run of the test; asyncio ones are closed
+    after it. A test that pins ``driver`` by parametrize runs with that one only."""
+    _DRIVER["name"] = request.param
+    yield request.param
+    for made in _DRIVER["made"]:
+        made.close()
+    _DRIVER.update(name="sync", made=[])
+
+
+def make_with(config: Config, api: k8s.ApiClient, **kwargs: Any) -> Adapter:
+    """The adapter of this test's driver (the asyncio one behind blocking methods)."""
+    if _DRIVER["name"] == "sync":
+        return Adapter(config, api, **kwargs)
+    made = BlockingAsyncAdapter(config, api, **kwargs)
+    _DRIVER["made"].append(made)
+    return made  # type: ignore[return-value]  # the same methods, blocking
 
 
 def make(
@@ -53,7 +81,7 @@ def make(
         holder=HOLDER,
         apiserver_request_timeout=cluster.request_timeout,
     )
-    return Adapter(config, api, **kwargs)
+    return make_with(config, api, **kwargs)
 
 
 class Cluster:
@@ -780,7 +808,7 @@ def test_deadline_bounds_each_request_timeout(
     adapter.hold(ref, meta(1, seconds=5), "r")
     timeouts = [r.timeout for r in adapter.request_log]
     assert timeouts and all(t is not None and 0 < t <= 5 for t in timeouts)
-    short = Adapter(
+    short = make_with(
         Config(mode="kueue", holder=HOLDER, apiserver_request_timeout=timedelta(seconds=2)),
         supervisor_client,
     )
@@ -1015,6 +1043,7 @@ def test_plain_routine_status_conflict_is_retried(
     assert hold_annotations(kc.trainjob("job"))[A.hold_instance] == "1"
 
 
+@pytest.mark.parametrize("driver", ["sync"])  # the urllib3 pool is the sync driver's
 def test_transport_retries_are_off(cluster: LocalCluster, supervisor_client: k8s.ApiClient) -> None:
     """urllib3 would re-send a timed-out PUT on its own, after the deadline check; the
     adapter's own client never does (the caller's is left alone: test_adapter_supervisor)."""
