@@ -41,6 +41,7 @@ seed fixes the plan (calls, instances, delays, stragglers), and failures print i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -53,6 +54,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes import client as k8s
 
@@ -94,6 +96,7 @@ from tests.actors import (
     is_active,
     is_suspended,
 )
+from tests.adapters import BlockingAsyncAdapter, caller_context
 
 Obj = dict[str, Any]
 ANN = Annotations()
@@ -209,6 +212,46 @@ class RecordingPool:
         return response
 
 
+def recording_trace(recorder: Recorder) -> aiohttp.TraceConfig:
+    """What ``RecordingPool`` does, for the asyncio adapter (aiohttp trace signals): count
+    requests, delay a call's writes on the wire, record each write's response
+    resourceVersion. The call is the one whose thread made the blocking call."""
+    trace = aiohttp.TraceConfig()
+
+    async def on_start(_: Any, ctx: Any, params: aiohttp.TraceRequestStartParams) -> None:
+        call: Call | None = caller_context()
+        ctx.call, ctx.status = call, None
+        if call is not None and call.blocked_when_let_go:
+            call.sent_after_let_go.append(f"{params.method} {params.url}")
+        if call is not None and params.method in ("PUT", "PATCH") and call.wire_delay:
+            await asyncio.sleep(call.wire_delay)
+
+    async def on_end(_: Any, ctx: Any, params: aiohttp.TraceRequestEndParams) -> None:
+        ctx.status = params.response.status
+        with recorder.lock:
+            recorder.requests[params.method] += 1
+            if params.response.status == 409:
+                recorder.requests["409"] += 1
+
+    async def on_body(_: Any, ctx: Any, params: aiohttp.TraceResponseChunkReceivedParams) -> None:
+        # The adapter reads every answer's body whole: this fires once per request.
+        url = str(params.url)
+        if params.method not in ("PUT", "PATCH", "POST") or "dryRun" in url:
+            return
+        rv: int | None = None
+        try:
+            rv = int(json.loads(params.chunk)["metadata"]["resourceVersion"])
+        except (ValueError, KeyError, TypeError):
+            rv = None
+        with recorder.lock:
+            recorder.writes.append(Write(ctx.call, params.method, url, ctx.status or 0, rv))
+
+    trace.on_request_start.append(on_start)
+    trace.on_request_end.append(on_end)
+    trace.on_response_chunk_received.append(on_body)
+    return trace
+
+
 def _before_request(req: Request) -> None:
     """The adapter's hook: runs before its deadline check of every request."""
     call: Call | None = getattr(_local, "call", None)
@@ -309,6 +352,7 @@ class Schedule:
         recorder: Recorder,
         admin: k8s.ApiClient,
         kueue_actor: KueueActor | None = None,
+        driver: str = "sync",
     ) -> None:
         self.plan = plan
         self.kueue_actor = kueue_actor
@@ -321,14 +365,26 @@ class Schedule:
         self.clock = SharedClock()
         self.config = Config(mode=plan.mode)  # type: ignore[arg-type]
         self.clients = [cluster.api_client(SUPERVISOR_IDENTITY) for _ in range(2)]
-        self.adapters = [
-            Adapter(self.config, api, clock=self.clock.now, before_request=_before_request)
-            for api in self.clients
-        ]
-        # The adapter sends through its own client (a copy of the caller's): record there.
-        for adapter in self.adapters:
-            rest: Any = adapter.api_client.rest_client
-            rest.pool_manager = RecordingPool(rest.pool_manager, recorder)
+        self.adapters: list[Any] = []  # Adapter, or AsyncAdapter behind blocking methods
+        for api in self.clients:
+            if driver == "sync":
+                adapter = Adapter(
+                    self.config, api, clock=self.clock.now, before_request=_before_request
+                )
+                # It sends through its own client (a copy of the caller's): record there.
+                rest: Any = adapter.api_client.rest_client
+                rest.pool_manager = RecordingPool(rest.pool_manager, recorder)
+                self.adapters.append(adapter)
+            else:
+                blocking = BlockingAsyncAdapter(
+                    self.config,
+                    api,
+                    clock=self.clock.now,
+                    before_request=_before_request,  # run in the call's own thread
+                    context_of_caller=lambda: getattr(_local, "call", None),
+                )
+                blocking.inner.trace_configs.append(recording_trace(recorder))
+                self.adapters.append(blocking)
         self.start_rv = 0
 
     def close(self) -> None:
@@ -781,6 +837,7 @@ def actors(
         time.sleep(0.2)
 
 
+@pytest.mark.parametrize("driver", ["sync", "asyncio"])
 @pytest.mark.parametrize("actors", ["kueue", "plain"], indirect=True)
 def test_interleavings_keep_the_hold_invariants(
     actors: tuple[KueueActor | None, Watcher],
@@ -788,19 +845,25 @@ def test_interleavings_keep_the_hold_invariants(
     admin_client: k8s.ApiClient,
     namespace: str,
     capsys: pytest.CaptureFixture[str],
+    driver: str,
 ) -> None:
+    """The sync adapter, and the asyncio one (half as many schedules, on seeds of their
+    own: the two share every decision, so its schedules test its driver)."""
     kueue_actor, watcher = actors
     mode = "kueue" if kueue_actor is not None else "plain"
     recorder = Recorder()
     totals = Totals()
     failures: list[str] = []
     lock = threading.Lock()
-    base = SEED + (0 if mode == "kueue" else 1_000_000)
+    base = SEED + (0 if mode == "kueue" else 1_000_000) + (0 if driver == "sync" else 2_000_000)
+    schedules = SCHEDULES if driver == "sync" else max(1, SCHEDULES // 2)
     began = time.monotonic()
 
     def one(index: int) -> None:
         plan = make_plan(base + index, mode)
-        schedule = Schedule(plan, cluster, namespace, recorder, admin_client, kueue_actor)
+        schedule = Schedule(
+            plan, cluster, namespace, recorder, admin_client, kueue_actor, driver=driver
+        )
         try:
             schedule.run()
             problems = schedule.problems + _settle(schedule, kueue_actor, watcher)
@@ -830,15 +893,15 @@ def test_interleavings_keep_the_hold_invariants(
             if problems:
                 failures.append("\n".join([plan.describe(), *(f"  !! {p}" for p in problems)]))
 
-    _run_parallel(one, SCHEDULES, PARALLEL)
+    _run_parallel(one, schedules, PARALLEL)
     if kueue_actor is not None:
         kueue_actor.check()
     watcher.check()
     elapsed = time.monotonic() - began
     summary = (
-        f"interleavings [{mode}]: {totals.schedules} schedules "
+        f"interleavings [{mode}, {driver}]: {totals.schedules} schedules "
         f"({totals.disciplined} disciplined, {totals.schedules - totals.disciplined} "
-        f"overlapping) in {elapsed:.0f}s, seeds {base}..{base + SCHEDULES - 1}; "
+        f"overlapping) in {elapsed:.0f}s, seeds {base}..{base + schedules - 1}; "
         f"{totals.states} committed states checked; HTTP {dict(recorder.requests)}; "
         f"stragglers refused by deadline {totals.stragglers_refused_by_deadline}; "
         f"Kueue's own deactivations {totals.kueue_deactivations}; "
@@ -851,8 +914,11 @@ def test_interleavings_keep_the_hold_invariants(
     assert not failures, f"{len(failures)} schedule(s) broke an invariant:\n" + "\n\n".join(
         failures
     )
-    assert totals.schedules == SCHEDULES
-    assert totals.states > SCHEDULES * 10, "the watch saw the objects change"
+    assert totals.schedules == schedules
+    # Writes were attributed to their calls (else check (a) would have checked nothing).
+    attributed = sum(w.call is not None and w.rv is not None for w in recorder.writes)
+    assert attributed > 0, recorder.writes[:5]
+    assert totals.states > schedules * 10, "the watch saw the objects change"
 
 
 def _run_parallel(fn: Callable[[int], None], count: int, width: int) -> None:
