@@ -34,6 +34,7 @@ Invariants kept here (the spec's and issue 11's):
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import threading
 from collections import deque
@@ -198,6 +199,26 @@ def error_for(exc: ApiStatusError, what: str) -> AdapterError:
     return AdapterError(f"{what}: API error {exc.status}: {message}")
 
 
+CONFLICT_BACKOFF_BASE_S = 0.002
+CONFLICT_BACKOFF_CAP_S = 0.025
+
+
+def conflict_backoff(attempt: int, draw: float) -> float:
+    """Seconds to pause before retry ``attempt`` (1-based) after a conflict: uniform in
+    [0, min(base * 2**attempt, cap)), with ``draw`` uniform in [0, 1).
+
+    Why: the writers that make conflicts are mostly periodic (controllers' status
+    heartbeats). Retrying at once keeps each try at the same phase of such a writer, so one
+    conflict predicts the next: a 50 Hz writer made runs of nine. A random pause, a few
+    milliseconds and growing, decorrelates the tries; a conflict-free call never pauses.
+    (client-go's ``retry.RetryOnConflict`` pauses ~10 ms between tries for the same reason.)
+    """
+    if attempt < 1:
+        return 0.0
+    ceiling: float = min(CONFLICT_BACKOFF_BASE_S * 2.0**attempt, CONFLICT_BACKOFF_CAP_S)
+    return ceiling * min(max(draw, 0.0), 1.0)
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -254,6 +275,7 @@ class AdapterCore:
         # ref -> (TrainJob uid, Workload name): spares the LIST of Workloads on every call.
         self._workloads: dict[Ref, tuple[str, str]] = {}
         self._preflights: dict[str, PreflightResult] = {}
+        self._random = random.Random()  # the conflict backoff's draws
 
     # ---- public properties -----------------------------------------------------------
 
@@ -506,9 +528,14 @@ class AdapterCore:
         read and decide again, at most ``1 + MAX_RETRIES`` tries in all.
 
         Invariant: every write carries the resourceVersion of the very read it was decided
-        on, so a write decided on a stale object can never land.
+        on, so a write decided on a stale object can never land. Before each retry it
+        pauses ``conflict_backoff`` (skipped when the pause would reach the deadline).
         """
-        for _ in range(1 + MAX_RETRIES):
+        for attempt in range(1 + MAX_RETRIES):
+            if attempt:
+                pause = conflict_backoff(attempt, self._random.random())
+                if self._clock() + timedelta(seconds=pause) < deadline:
+                    yield Pause(pause)
             obj = yield from read()
             decision = yield from decide(obj)
             if decision.outcome is not Outcome.WRITE:
