@@ -29,7 +29,7 @@ import asyncio
 import copy
 import inspect
 import ssl
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import aiohttp
 import msgspec
@@ -45,9 +45,9 @@ from adapter.core import (
     NoAnswer,
     NotConnected,
     Operation,
-    Pause,
     RequestHook,
     Send,
+    Stepper,
 )
 from adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden import kubeclient
@@ -199,34 +199,22 @@ class AsyncAdapter(AdapterCore):
 
     async def _drive(self, operation: Operation[T]) -> T:
         """Run ``operation``'s steps on this event loop until it returns or raises (the
-        same loop as the sync driver's, with awaits)."""
-        reply: Any = None
-        failure: DriverError | None = None
-        try:
-            while True:
-                try:
-                    if failure is not None:
-                        step = operation.throw(failure)
-                    else:
-                        step = operation.send(reply)
-                except StopIteration as done:
-                    result: T = done.value
-                    return result
-                reply, failure = None, None
+        sync driver's loop, with awaits)."""
+        with Stepper(operation) as run:
+            while (step := run.next()) is not None:
                 if isinstance(step, Send):
                     try:
-                        reply = await self._perform(step)
+                        run.reply(await self._perform(step))
                     except DriverError as exc:
-                        failure = exc
+                        run.fail(exc)
                 elif isinstance(step, BeforeRequest):
                     if self._hook is not None:
                         answer = self._hook(step.req)
                         if inspect.isawaitable(answer):
                             await answer
-                elif isinstance(step, Pause):
+                else:
                     await asyncio.sleep(step.seconds)
-        finally:
-            operation.close()
+            return cast(T, run.result)
 
     def _session_for_loop(self) -> aiohttp.ClientSession:
         if self._closed:

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 from adapter import decisions, patches
@@ -145,6 +145,43 @@ class Pause:
 
 Step = BeforeRequest | Send | Pause
 Operation = Generator[Step, Any, T]
+
+
+class Stepper(Generic[T]):
+    """Runs one operation for a driver: ``next()`` gives the step to do (None once the
+    operation has returned: then ``result`` holds its value), ``reply``/``fail`` say how
+    the last ``Send`` went. An exception the operation raises comes out of ``next()``.
+
+    Used as a context manager, it closes the operation however the driver leaves it."""
+
+    def __init__(self, operation: Operation[T]) -> None:
+        self._operation = operation
+        self._reply: Any = None
+        self._failure: DriverError | None = None
+        self.result: T | None = None
+
+    def next(self) -> Step | None:
+        reply, failure = self._reply, self._failure
+        self._reply, self._failure = None, None
+        try:
+            if failure is not None:
+                return self._operation.throw(failure)
+            return self._operation.send(reply)
+        except StopIteration as done:
+            self.result = done.value
+            return None
+
+    def reply(self, value: Any) -> None:
+        self._reply = value
+
+    def fail(self, failure: DriverError) -> None:
+        self._failure = failure
+
+    def __enter__(self) -> Stepper[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._operation.close()
 
 
 # ---- what a driver throws into an operation -------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import msgspec
 import urllib3
@@ -40,10 +40,10 @@ from adapter.core import (
     NoAnswer,
     NotConnected,
     Operation,
-    Pause,
     Request,
     RequestHook,
     Send,
+    Stepper,
 )
 from adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden import kubeclient
@@ -141,31 +141,19 @@ class Adapter(AdapterCore):
         A transport failure of a ``Send`` is thrown into the operation (which maps it); an
         exception of the hook propagates to the caller as it is.
         """
-        reply: Any = None
-        failure: DriverError | None = None
-        try:
-            while True:
-                try:
-                    if failure is not None:
-                        step = operation.throw(failure)
-                    else:
-                        step = operation.send(reply)
-                except StopIteration as done:
-                    result: T = done.value
-                    return result
-                reply, failure = None, None
+        with Stepper(operation) as run:
+            while (step := run.next()) is not None:
                 if isinstance(step, Send):
                     try:
-                        reply = self._perform(step)
+                        run.reply(self._perform(step))
                     except DriverError as exc:
-                        failure = exc
+                        run.fail(exc)
                 elif isinstance(step, BeforeRequest):
                     if self._hook is not None:
                         self._hook(step.req)
-                elif isinstance(step, Pause):
+                else:
                     time.sleep(step.seconds)
-        finally:
-            operation.close()
+            return cast(T, run.result)
 
     def _perform(self, step: Send) -> Any:
         """One request through the adapter's client, without the generated API layer; a

@@ -9,7 +9,6 @@ by tests/test_adapter_kube.py, which runs every test on both adapters.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from datetime import timedelta
@@ -81,41 +80,10 @@ async def test_a_timeout_after_sending_says_it_may_still_land(
         silent.close()
 
 
-class _Hangup:
-    """A TCP server that reads a request, then closes the connection without answering."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port: int = self.sock.getsockname()[1]
-        self.requests = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                try:
-                    if conn.recv(65536):
-                        self.requests += 1
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.sock.close()
-        self.thread.join(timeout=5)
-
-
 async def test_a_connection_lost_after_sending_may_still_land(
     supervisor_client: k8s.ApiClient,
 ) -> None:
-    hangup = _Hangup()
+    hangup = _Silent(hang_up=True)
     try:
         with _client_for(supervisor_client, f"http://127.0.0.1:{hangup.port}") as api:
             async with AsyncAdapter(Config(mode="plain"), api) as adapter:

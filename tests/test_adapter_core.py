@@ -30,6 +30,7 @@ from adapter.core import (
     Operation,
     Pause,
     Send,
+    Stepper,
     conflict_backoff,
 )
 from adapter.errors import (
@@ -90,26 +91,22 @@ Answer = Any | DriverError
 
 
 def drive(operation: Operation[Any], answer: Callable[[Send], Answer]) -> list[Any]:
-    """Run ``operation`` to its end; returns the steps it yielded and, last, its result
-    (or the exception it raised)."""
+    """Run ``operation`` to its end with the drivers' ``Stepper``; returns the steps it
+    yielded and, last, its result (or the adapter error it raised)."""
     steps: list[Any] = []
-    reply: Any = None
-    failure: DriverError | None = None
-    while True:
+    with Stepper(operation) as run:
         try:
-            step = operation.throw(failure) if failure is not None else operation.send(reply)
-        except StopIteration as done:
-            return [*steps, done.value]
+            while (step := run.next()) is not None:
+                steps.append(step)
+                if isinstance(step, Send):
+                    got = answer(step)
+                    if isinstance(got, DriverError):
+                        run.fail(got)
+                    else:
+                        run.reply(got)
         except AdapterError as exc:
             return [*steps, exc]
-        steps.append(step)
-        reply, failure = None, None
-        if isinstance(step, Send):
-            got = answer(step)
-            if isinstance(got, DriverError):
-                failure = got
-            else:
-                reply = got
+        return [*steps, run.result]
 
 
 def conflict() -> ApiStatusError:

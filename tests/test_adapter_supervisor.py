@@ -120,9 +120,12 @@ def test_a_refused_connection_is_unreachable_and_says_nothing_was_sent(
 
 
 class _Silent:
-    """A TCP server that accepts and reads but never answers: a request that was sent."""
+    """A TCP server that accepts and reads but never answers: a request that was sent.
+    ``hang_up``: it closes each connection once it has read the request instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hang_up: bool = False) -> None:
+        self.hang_up = hang_up
+        self.requests = 0
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -142,9 +145,12 @@ class _Silent:
             conn.settimeout(5)
             try:
                 if conn.recv(65536):
+                    self.requests += 1
                     self.received.set()
             except OSError:
                 pass
+            if self.hang_up:
+                conn.close()
 
     def close(self) -> None:
         self.sock.close()
