@@ -189,9 +189,14 @@ def admission_check_states(workload: object) -> tuple[tuple[str, str], ...]:
 
 
 def ended_reason(trainjob: object) -> str | None:
-    """``Complete`` or ``Failed`` when that condition is True; None while not ended."""
+    """``Complete`` or ``Failed`` when any condition of that type is True; None while not
+    ended.
+
+    Any, not the first: the API server keeps one condition per type for the real CRD, but
+    an object as read may still carry several (a writer that does not merge by type), and
+    "has it ended?" must err towards yes, since a Release of an ended job never runs it."""
     for type_ in ENDED_CONDITIONS:
-        if condition_true(trainjob, type_):
+        if any(c.get("type") == type_ and c.get("status") == "True" for c in conditions(trainjob)):
             return type_
     return None
 

@@ -477,6 +477,17 @@ OPENED = {A.opened: "2026-01-01T00:00:00Z"}
             "1",
             id="plain-false-complete-is-not-ended",
         ),
+        # two Complete conditions, one True: ended (Hypothesis found Release running it)
+        pytest.param(
+            "plain",
+            {**held_ann("3"), **OPENED},
+            [cond("Complete", "False"), cond("Complete")],
+            False,
+            Outcome.WRITE,
+            True,
+            None,
+            id="plain-duplicate-complete-one-true-stays-suspended",
+        ),
         # garbled attempt: refuse rather than guess A
         pytest.param(
             "plain",

@@ -81,6 +81,11 @@ def test_attempt(value: str | None, expected: int | None) -> None:
         pytest.param([{"type": "Complete", "status": "False"}], None, id="false"),
         pytest.param(["junk", {"type": "Failed", "status": "True"}], "Failed", id="junk-skipped"),
         pytest.param("junk", None, id="not-a-list"),
+        pytest.param(
+            [{"type": "Complete", "status": "False"}, {"type": "Complete", "status": "True"}],
+            "Complete",
+            id="duplicate-type-any-true-ends-it",  # Hypothesis found it: Release ran it
+        ),
     ],
 )
 def test_ended_reason(conds: Any, expected: str | None) -> None:
