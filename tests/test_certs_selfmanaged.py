@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -34,6 +39,7 @@ from holdwarden.leaderelection import ElectionTiming
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, Annotations
+from tests.kustomize_render import render
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.server import EnforcerServer
 
@@ -41,6 +47,8 @@ pytestmark = pytest.mark.controlplane
 
 A = Annotations()
 LABEL = "holdwarden.io/self-managed-test"
+ROOT = Path(__file__).resolve().parent.parent
+ROLE = "holdwarden-certificates"
 FAST_LEASE = ElectionTiming(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)
 
 
@@ -372,3 +380,146 @@ def test_two_replicas_one_writer_both_serve(
     finally:
         for replica in replicas:
             replica.stop()
+
+
+# -- the component's RBAC, and `holdwarden serve --certificates self-managed` -------------
+
+
+def _rendered_rules(kind: str) -> list[dict[str, Any]]:
+    objs = render(ROOT / "manifests", [ROOT / "manifests" / "self-managed"])
+    (role,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == ROLE]
+    return list(role["rules"])
+
+
+def test_the_components_rbac_is_all_it_needs(
+    cluster: LocalCluster, setup: tuple[str, str], admin_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """The enforcer runs as a service account bound to manifests/self-managed's rules
+    (in the test's namespace, the configuration's name put in the ClusterRole), and gets
+    from an empty namespace to serving with no failed request once the binding is live."""
+    namespace, token = setup
+    port = free_port()
+    certs = settings(namespace, token)
+    user = f"system:serviceaccount:{namespace}:holdwarden"
+    rbac = k8s.RbacAuthorizationV1Api(admin_client)
+    subject = [k8s.RbacV1Subject(kind="User", name=user, api_group="rbac.authorization.k8s.io")]
+    role: Any = {"metadata": {"name": ROLE}, "rules": _rendered_rules("Role")}
+    rbac.create_namespaced_role(namespace, role)
+    rbac.create_namespaced_role_binding(
+        namespace,
+        k8s.V1RoleBinding(
+            metadata=k8s.V1ObjectMeta(name=ROLE),
+            role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=ROLE),
+            subjects=subject,
+        ),
+    )
+    cluster_rules = _rendered_rules("ClusterRole")
+    assert [r["resourceNames"] for r in cluster_rules] == [["holdwarden-enforcer"]]
+    for rule in cluster_rules:
+        rule["resourceNames"] = [certs.webhook_configuration]
+    cluster_role = f"{ROLE}-{token}"
+    cluster_role_body: Any = {"metadata": {"name": cluster_role}, "rules": cluster_rules}
+    rbac.create_cluster_role(cluster_role_body)
+    rbac.create_cluster_role_binding(
+        k8s.V1ClusterRoleBinding(
+            metadata=k8s.V1ObjectMeta(name=cluster_role),
+            role_ref=k8s.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role
+            ),
+            subjects=subject,
+        )
+    )
+    k8s.AdmissionregistrationV1Api(admin_client).create_validating_webhook_configuration(
+        webhook_configuration(certs.webhook_configuration, token, [port])
+    )
+    api = cluster.api_client(user)
+    try:
+        # RBAC reaches the authorizer through a watch: wait (bounded) until it has.
+        authz = k8s.AuthorizationV1Api(api)
+
+        def may_update_configuration() -> bool:
+            attributes = {
+                "verb": "update",
+                "group": "admissionregistration.k8s.io",
+                "resource": "validatingwebhookconfigurations",
+                "name": certs.webhook_configuration,
+            }
+            body: Any = {"spec": {"resourceAttributes": attributes}}
+            review: Any = authz.create_self_subject_access_review(body, _request_timeout=30)
+            return bool(review.status.allowed)
+
+        wait_for("RBAC live", may_update_configuration, 20)
+        replica = start_replica(config_for(certs, port, tmp_path), api, "restricted")
+        try:
+            wait_for("ready", replica.ready, 60)
+            wait_for("enforced", lambda: refused_probe(admin_client, namespace) == "refused", 30)
+            assert replica.tls.errors == 0, replica.tls.last_error
+            assert replica.tls.writes.get("create") == 1
+            assert replica.tls.writes.get("inject") == 1
+        finally:
+            replica.stop()
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+        rbac.delete_cluster_role_binding(cluster_role, _request_timeout=30)
+        rbac.delete_cluster_role(cluster_role, _request_timeout=30)
+
+
+def test_serve_command_self_managed_from_empty_to_ready_and_releases_the_lease(
+    cluster: LocalCluster, setup: tuple[str, str], admin_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """`holdwarden serve --certificates self-managed` (the flag over a files-mode config)."""
+    namespace, token = setup
+    port, metrics_port = free_port(), free_port()
+    certs = settings(namespace, token)
+    k8s.AdmissionregistrationV1Api(admin_client).create_validating_webhook_configuration(
+        webhook_configuration(certs.webhook_configuration, token, [port])
+    )
+    section = {
+        "mode": "files",
+        "namespace": namespace,
+        "webhookConfiguration": certs.webhook_configuration,
+        "ipAddresses": ["127.0.0.1"],
+        "interval": "500ms",
+        "propagationDelay": "1s",
+    }
+    config = {
+        "webhook": {
+            "listenAddress": f"127.0.0.1:{port}",
+            "metricsAddress": f"127.0.0.1:{metrics_port}",
+            "auditLog": str(tmp_path / "audit.jsonl"),
+            "shutdownDelay": "0s",
+            "certificates": section,
+        }
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "holdwarden.cli", "serve", "--config"]
+    server = subprocess.Popen(
+        [*command, str(tmp_path / "config.yaml"), "--certificates", "self-managed"],
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def ready() -> bool:
+            assert server.poll() is None, server.communicate()[0].decode()[-3000:]
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{metrics_port}/readyz", timeout=5
+                ) as got:
+                    return bool(got.status == 200)
+            except OSError:
+                return False
+
+        wait_for("serve ready", ready, 60)
+        wait_for("enforced", lambda: refused_probe(admin_client, namespace) == "refused", 30)
+    finally:
+        server.terminate()
+        output = server.communicate(timeout=40)[0].decode()
+    assert server.returncode == 0, output[-3000:]
+    assert "self-managed certificates: create" in output
+    # Stopping released the Lease, so another replica takes over at once.
+    lease: Any = k8s.CoordinationV1Api(admin_client).read_namespaced_lease(
+        certs.lease_name, namespace, _request_timeout=30
+    )
+    assert not lease.spec.holder_identity
