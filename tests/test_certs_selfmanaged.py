@@ -154,6 +154,10 @@ def webhook_configuration(name: str, token: str, ports: list[int]) -> Any:
 
 @pytest.fixture
 def setup(cluster: LocalCluster, admin_client: k8s.ApiClient) -> Iterator[tuple[str, str]]:
+    yield from fresh_scene(cluster, admin_client)
+
+
+def fresh_scene(cluster: LocalCluster, admin_client: k8s.ApiClient) -> Iterator[tuple[str, str]]:
     """(namespace, token): an empty namespace the webhooks match; configurations made with
     the token's name are deleted afterwards."""
     token = uuid.uuid4().hex[:10]
