@@ -244,6 +244,11 @@ class SelfManagedTLS:
         if self._served is None:
             why = self.last_error or f"waiting for {self.where}"
             return f"no serving certificate yet ({why})"
+        if self._injected is None and self.synced:
+            return (
+                f"ValidatingWebhookConfiguration {self.settings.webhook_configuration!r} "
+                f"does not exist"
+            )
         if not self._injected or issuer_of(self._served, self._injected) is None:
             return (
                 f"the serving certificate's CA is not yet in the caBundle of "
@@ -304,7 +309,7 @@ class SelfManagedTLS:
             self._fail(message)
             return Snapshot(certs, injected, message)
         except Exception as exc:  # a timeout, a refused connection: retried later
-            message = f"API request failed: {type(exc).__name__}: {exc}"
+            message = f"sync failed: {type(exc).__name__}: {exc}"
             self._fail(message)
             return Snapshot(certs, injected, message)
         return Snapshot(certs, injected, None)

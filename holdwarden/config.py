@@ -24,6 +24,8 @@ from holdwarden.vocabulary import (
 )
 
 _DURATION_RE = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
+# An RFC 1123 label (a Service name; each label of a DNS name).
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # A DNS subdomain, as Kubernetes requires of an annotation key's prefix.
 _PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -334,6 +336,12 @@ def _certificates(section: _Section) -> CertificatesConfig:
             spans[longer] == spans[shorter] and longer != "caRenewBefore"
         ):
             raise ConfigError(section._key(shorter), f"must be shorter than {section._key(longer)}")
+    if _DNS_LABEL_RE.fullmatch(names["service"]) is None:
+        raise ConfigError(section._key("service"), f"{names['service']!r} is not a DNS label")
+    dns_names = section.pop_str_list("dnsNames", [])
+    for name in dns_names:
+        if len(name) > 253 or not all(_DNS_LABEL_RE.fullmatch(p) for p in name.split(".")):
+            raise ConfigError(section._key("dnsNames"), f"{name!r} is not a DNS name")
     ips = section.pop_str_list("ipAddresses", [])
     for ip in ips:
         try:
@@ -346,7 +354,7 @@ def _certificates(section: _Section) -> CertificatesConfig:
         namespace=section.pop_str("namespace", d.namespace),
         webhook_configuration=names["webhookConfiguration"],
         service=names["service"],
-        dns_names=tuple(section.pop_str_list("dnsNames", [])),
+        dns_names=tuple(dns_names),
         ip_addresses=tuple(ips),
         ca_validity=spans["caValidity"],
         ca_renew_before=spans["caRenewBefore"],

@@ -262,6 +262,8 @@ def test_certificates_section_defaults_and_every_key() -> None:
         ({"validity": "10h", "renewBefore": "10h"}, "webhook.certificates.renewBefore"),
         ({"ipAddresses": "127.0.0.1"}, "webhook.certificates.ipAddresses"),
         ({"ipAddresses": ["localhost"]}, "webhook.certificates.ipAddresses"),
+        ({"dnsNames": ["no_underscores.example"]}, "webhook.certificates.dnsNames"),
+        ({"service": "Holdwarden"}, "webhook.certificates.service"),
         ({"rotate": True}, "webhook.certificates.rotate"),
     ],
 )
