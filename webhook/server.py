@@ -11,7 +11,8 @@ Invariants of POST /validate:
     could not be judged is refused (HTTP 200, ``allowed: false``, code 500 in the status),
     which is what ``failurePolicy: Fail`` would do anyway;
   - a refusal is answered only after its audit line is durably on disk (``AuditWriter``).
-/readyz is 200 only while the TLS site is serving.
+/readyz is 200 only while the TLS site is serving (and, with self-managed certificates,
+while the injected caBundle trusts the certificate served: certs/selfmanaged.py).
 """
 
 from __future__ import annotations
