@@ -273,3 +273,44 @@ def test_certificates_section_errors_name_the_key(section: dict[str, object], ke
     with pytest.raises(ConfigError) as caught:
         Config.from_dict({"webhook": {"certificates": section}})
     assert caught.value.key == key
+
+
+# -- from a real Secret to the View -----------------------------------------------------
+
+
+def test_a_secret_after_a_ca_rotation_reads_as_inject_then_renew() -> None:
+    """certs.selfmanaged reduces the Secret to the View: signing CA = the key's, issuer =
+    the CA whose signature the serving certificate carries, names from its SANs."""
+    import base64
+
+    from certs.bundle import encode_bundle
+    from certs.generate import generate_ca, generate_serving
+    from certs.selfmanaged import parse_secret, serving_names, view_of
+    from holdwarden.config import CertificatesConfig
+
+    settings = CertificatesConfig(ip_addresses=("127.0.0.1",))
+    old = generate_ca(now=NOW)
+    new = generate_ca(now=NOW)
+    serving = generate_serving(old, "holdwarden", "ns", ip_addresses=["127.0.0.1"], now=NOW)
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    data = {
+        "ca.crt": b64(encode_bundle([new.certificate, old.certificate])),
+        "ca.key": b64(new.key_pem),
+        "tls.crt": b64(serving.cert_pem),
+        "tls.key": b64(serving.key_pem),
+    }
+    certs = parse_secret(data, "Secret ns/s", "7")
+    policy = replace(POLICY, names=serving_names(settings, "ns"))
+    seen = view_of(certs, (old.certificate,), timedelta(hours=1), NOW)
+    assert seen.secret is not None
+    assert seen.secret.signing == new.fingerprint
+    assert seen.secret.serving.issuer == old.fingerprint
+    assert seen.secret.serving.issued_at == NOW
+    assert seen.secret.serving.names == policy.names
+    assert decide(seen, policy).action is Action.INJECT
+    both = (new.certificate, old.certificate)
+    assert decide(view_of(certs, both, timedelta(0), NOW), policy).action is Action.WAIT
+    assert decide(view_of(certs, both, timedelta(hours=1), NOW), policy).action is Action.RENEW
