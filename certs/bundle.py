@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,27 +129,39 @@ def load_cert_dir(directory: str | Path) -> CertDir:
     """
     path = Path(directory)
     bundle_pem = _read(path / CA_BUNDLE)
-    bundle = parse_bundle(bundle_pem)
-    if not bundle:
-        raise CertDirError(f"{path / CA_BUNDLE} holds no certificate")
     ca_key_pem = _read(path / CA_KEY)
     serving = KeyPair(_read(path / TLS_CERT), _read(path / TLS_KEY))
+    bundle, ca = check_cert_set(bundle_pem, ca_key_pem, serving, lambda name: str(path / name))
+    return CertDir(path=path, bundle_pem=bundle_pem, bundle=bundle, ca=ca, serving=serving)
+
+
+def check_cert_set(
+    bundle_pem: bytes, ca_key_pem: bytes, serving: KeyPair, where: Callable[[str], str]
+) -> tuple[tuple[x509.Certificate, ...], KeyPair]:
+    """The bundle and the current CA of a cert set, each key checked against its certificate.
+
+    The same checks whether the four parts come from a directory or a Secret; ``where``
+    names a part (``ca.crt``, ...) in error messages. Raises ``CertDirError``.
+    """
+    bundle = parse_bundle(bundle_pem)
+    if not bundle:
+        raise CertDirError(f"{where(CA_BUNDLE)} holds no certificate")
     try:
         ca_public = _public_der(KeyPair(b"", ca_key_pem))
     except ValueError as exc:
-        raise CertDirError(f"{path / CA_KEY} is not a private key: {exc}") from None
+        raise CertDirError(f"{where(CA_KEY)} is not a private key: {exc}") from None
     matching = [c for c in bundle if _cert_public_der(c) == ca_public]
     if not matching:
-        raise CertDirError(f"{path / CA_KEY} does not belong to any CA in {path / CA_BUNDLE}")
+        raise CertDirError(f"{where(CA_KEY)} does not belong to any CA in {where(CA_BUNDLE)}")
     ca = KeyPair(matching[0].public_bytes(serialization.Encoding.PEM), ca_key_pem)
     try:
         serving_cert_public = _cert_public_der(serving.certificate)
         serving_key_public = _public_der(serving)
     except ValueError as exc:
-        raise CertDirError(f"{path / TLS_CERT} or {path / TLS_KEY} is unreadable: {exc}") from None
+        raise CertDirError(f"{where(TLS_CERT)} or {where(TLS_KEY)} is unreadable: {exc}") from None
     if serving_cert_public != serving_key_public:
-        raise CertDirError(f"{path / TLS_KEY} does not match {path / TLS_CERT}")
-    return CertDir(path=path, bundle_pem=bundle_pem, bundle=tuple(bundle), ca=ca, serving=serving)
+        raise CertDirError(f"{where(TLS_KEY)} does not match {where(TLS_CERT)}")
+    return tuple(bundle), ca
 
 
 def _read(path: Path) -> bytes:

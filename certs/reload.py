@@ -198,45 +198,7 @@ class ReloadingTLS:
 
     def _check(self, cert_pem: bytes, key_pem: bytes) -> x509.Certificate:
         """The certificate, if the pair may be served now; otherwise ``ReloadError``."""
-        digest = _digest(cert_pem, key_pem)
-        try:
-            cert = x509.load_pem_x509_certificate(cert_pem)
-        except ValueError as exc:
-            raise ReloadError(
-                f"{self.cert_path} is not a PEM certificate: {exc}", MALFORMED, digest
-            ) from None
-        try:
-            key = serialization.load_pem_private_key(key_pem, password=None)
-        except (ValueError, TypeError) as exc:
-            raise ReloadError(
-                f"{self.key_path} is not an unencrypted PEM private key: {exc}", MALFORMED, digest
-            ) from None
-        spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
-            raise ReloadError(
-                f"{self.cert_path} and {self.key_path} are not a usable pair: the key does "
-                f"not match the certificate",
-                KEY_MISMATCH,
-                digest,
-            )
-        now = self.clock()
-        if now < cert.not_valid_before_utc:
-            raise ReloadError(
-                f"{self.cert_path} is not valid yet: notBefore "
-                f"{cert.not_valid_before_utc.isoformat()} is after now ({now.isoformat()}); "
-                f"check the clocks of this machine and of the one that made it",
-                NOT_YET_VALID,
-                digest,
-            )
-        if now > cert.not_valid_after_utc:
-            raise ReloadError(
-                f"{self.cert_path} has expired: notAfter "
-                f"{cert.not_valid_after_utc.isoformat()} is before now ({now.isoformat()}); "
-                f"renew it (holdwarden certs renew)",
-                EXPIRED,
-                digest,
-            )
-        return cert
+        return check_pair(cert_pem, key_pem, self.clock(), str(self.cert_path), str(self.key_path))
 
     def _install(self, cert_pem: bytes, key_pem: bytes) -> _Loaded:
         try:
@@ -245,29 +207,85 @@ class ReloadingTLS:
             if self._stamp is None:  # the first load: counted as well, then raised
                 self._reject(exc)
             raise
-        with _memory_file(cert_pem) as cert_file, _memory_file(key_pem) as key_file:
-            scratch = _new_context()
-            try:
-                scratch.load_cert_chain(cert_file, key_file)
-            except (ssl.SSLError, OSError, ValueError) as exc:
-                raise ReloadError(
-                    f"{self.cert_path} and {self.key_path} are not a usable pair: {exc}",
-                    UNUSABLE,
-                    _digest(cert_pem, key_pem),
-                ) from None
-            # Same bytes as just validated, so this cannot fail half-way and leave the
-            # live context with a certificate but no matching key. Safe to do in place:
-            # OpenSSL copies the context's certificate and key into each connection when
-            # the connection is created (SSL_new), so connections already open keep what
-            # they have; and under asyncio every SSL object is created by the event loop
-            # thread, the same thread that runs this, so no handshake can start between
-            # the certificate and the key being replaced.
-            self._context.load_cert_chain(cert_file, key_file)
+        install_pair(self._context, cert_pem, key_pem, str(self.cert_path), str(self.key_path))
         return _Loaded(
             digest=_digest(cert_pem, key_pem),
             fingerprint=fingerprint(cert),
             not_after=cert.not_valid_after_utc,
         )
+
+
+def check_pair(
+    cert_pem: bytes, key_pem: bytes, now: datetime, cert_name: str, key_name: str
+) -> x509.Certificate:
+    """The certificate, if the pair may be served at ``now``; otherwise ``ReloadError``.
+
+    ``cert_name`` and ``key_name`` say where the two came from (files, a Secret's keys).
+    """
+    digest = _digest(cert_pem, key_pem)
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise ReloadError(
+            f"{cert_name} is not a PEM certificate: {exc}", MALFORMED, digest
+        ) from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ReloadError(
+            f"{key_name} is not an unencrypted PEM private key: {exc}", MALFORMED, digest
+        ) from None
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+        raise ReloadError(
+            f"{cert_name} and {key_name} are not a usable pair: the key does "
+            f"not match the certificate",
+            KEY_MISMATCH,
+            digest,
+        )
+    if now < cert.not_valid_before_utc:
+        raise ReloadError(
+            f"{cert_name} is not valid yet: notBefore "
+            f"{cert.not_valid_before_utc.isoformat()} is after now ({now.isoformat()}); "
+            f"check the clocks of this machine and of the one that made it",
+            NOT_YET_VALID,
+            digest,
+        )
+    if now > cert.not_valid_after_utc:
+        raise ReloadError(
+            f"{cert_name} has expired: notAfter "
+            f"{cert.not_valid_after_utc.isoformat()} is before now ({now.isoformat()}); "
+            f"renew it (holdwarden certs renew)",
+            EXPIRED,
+            digest,
+        )
+    return cert
+
+
+def install_pair(
+    context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes, cert_name: str, key_name: str
+) -> None:
+    """Load a checked pair into the live ``context``, via a scratch context first, so a
+    pair OpenSSL refuses raises ``ReloadError`` and leaves ``context`` as it was.
+    Call it on the event loop thread (see the comment below)."""
+    with _memory_file(cert_pem) as cert_file, _memory_file(key_pem) as key_file:
+        scratch = _new_context()
+        try:
+            scratch.load_cert_chain(cert_file, key_file)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ReloadError(
+                f"{cert_name} and {key_name} are not a usable pair: {exc}",
+                UNUSABLE,
+                _digest(cert_pem, key_pem),
+            ) from None
+        # Same bytes as just validated, so this cannot fail half-way and leave the
+        # live context with a certificate but no matching key. Safe to do in place:
+        # OpenSSL copies the context's certificate and key into each connection when
+        # the connection is created (SSL_new), so connections already open keep what
+        # they have; and under asyncio every SSL object is created by the event loop
+        # thread, the same thread that runs this, so no handshake can start between
+        # the certificate and the key being replaced.
+        context.load_cert_chain(cert_file, key_file)
 
 
 def _new_context() -> ssl.SSLContext:

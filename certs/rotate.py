@@ -85,18 +85,27 @@ def rotate_ca(
     now = _now(now)
     current = load_cert_dir(directory)
     new_ca = generate_ca(common_name, validity=ca_validity, backdate=backdate, now=now)
+    rotation = bundle_with_new_ca(new_ca, current.bundle, now)
+    path = Path(directory)
+    atomic_write(path / CA_BUNDLE, rotation.bundle_pem, CERT_MODE)
+    atomic_write(path / CA_KEY, new_ca.key_pem, KEY_MODE)
+    return rotation
+
+
+def bundle_with_new_ca(
+    new_ca: KeyPair, bundle: Sequence[x509.Certificate], now: datetime
+) -> CARotation:
+    """The bundle after a CA rotation, computed only: ``new_ca`` first, then each old CA
+    still valid at ``now`` (once each), the expired ones dropped."""
     kept: list[x509.Certificate] = []
     dropped: list[x509.Certificate] = []
     seen = {new_ca.fingerprint}
-    for cert in current.bundle:
+    for cert in bundle:
         if fingerprint(cert) in seen:
             continue
         seen.add(fingerprint(cert))
         (kept if cert.not_valid_after_utc > now else dropped).append(cert)
     bundle_pem = encode_bundle([new_ca.certificate, *kept])
-    path = Path(directory)
-    atomic_write(path / CA_BUNDLE, bundle_pem, CERT_MODE)
-    atomic_write(path / CA_KEY, new_ca.key_pem, KEY_MODE)
     return CARotation(ca=new_ca, bundle_pem=bundle_pem, kept=tuple(kept), dropped=tuple(dropped))
 
 

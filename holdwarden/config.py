@@ -6,6 +6,8 @@ raise ``ConfigError`` naming the offending key by its dotted path.
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -22,6 +24,8 @@ from holdwarden.vocabulary import (
 )
 
 _DURATION_RE = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
+# An RFC 1123 label (a Service name; each label of a DNS name).
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # A DNS subdomain, as Kubernetes requires of an annotation key's prefix.
 _PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -44,6 +48,37 @@ def parse_duration(text: str, key: str = "duration") -> timedelta:
     assert match is not None
     hours, minutes, seconds, millis = (int(g) if g else 0 for g in match.groups())
     return timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
+
+
+CERT_MODES = ("files", "self-managed")
+
+
+@dataclass(frozen=True)
+class CertificatesConfig:
+    """Where the serving certificate comes from (docs/certificates.md).
+
+    ``files``: ``webhook.certDir`` (a mounted Secret, cert-manager's or a manual one).
+    ``self-managed``: the enforcer itself keeps a CA and the serving certificate in Secret
+    ``secretName`` and injects the CA bundle into ``webhookConfiguration``; one replica
+    (the holder of Lease ``leaseName``) writes, every replica serves from the Secret.
+    Invariant (checked): caValidity > caRenewBefore >= validity > renewBefore > 0, so a CA
+    that is not due for rotation always has room for a whole serving certificate.
+    """
+
+    mode: str = "files"
+    secret_name: str = "holdwarden-certificates"
+    namespace: str = ""  # "" = the Pod's namespace (as readmission.leaseNamespace)
+    webhook_configuration: str = "holdwarden-enforcer"
+    service: str = "holdwarden"
+    dns_names: tuple[str, ...] = ()
+    ip_addresses: tuple[str, ...] = ()
+    ca_validity: timedelta = timedelta(days=3650)
+    ca_renew_before: timedelta = timedelta(days=365)
+    validity: timedelta = timedelta(days=90)
+    renew_before: timedelta = timedelta(days=30)
+    interval: timedelta = timedelta(seconds=10)
+    propagation_delay: timedelta = timedelta(seconds=10)
+    lease_name: str = "holdwarden-certificates"
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,7 @@ class WebhookConfig:
     holder_identities: tuple[str, ...] = ()
     # held-workload-kept: the identities that may delete a held Workload.
     workload_deleters: tuple[str, ...] = DEFAULT_WORKLOAD_DELETERS
+    certificates: CertificatesConfig = field(default_factory=CertificatesConfig)
 
 
 @dataclass(frozen=True)
@@ -209,6 +245,7 @@ class Config:
             audit_max_files=audit_max_files,
             holder_identities=tuple(holder_identities),
             workload_deleters=tuple(workload_deleters),
+            certificates=_certificates(hook.pop_section("certificates")),
         )
         hook.finish()
         gate = root.pop_section("readmission")
@@ -259,6 +296,76 @@ class Config:
             webhook=webhook,
             readmission=readmission,
         )
+
+
+def _certificates(section: _Section) -> CertificatesConfig:
+    d = CertificatesConfig()
+    mode = section.pop_str("mode", d.mode)
+    if mode not in CERT_MODES:
+        raise ConfigError(
+            section._key("mode"), f"{mode!r} is not a mode; use 'files' or 'self-managed'"
+        )
+    names: dict[str, str] = {}
+    for key, default in (
+        ("secretName", d.secret_name),
+        ("webhookConfiguration", d.webhook_configuration),
+        ("service", d.service),
+        ("leaseName", d.lease_name),
+    ):
+        names[key] = section.pop_str(key, default)
+        if not names[key]:
+            raise ConfigError(section._key(key), "must not be empty")
+    spans = {
+        key: _positive_duration(section, key, default)
+        for key, default in (
+            ("caValidity", d.ca_validity),
+            ("caRenewBefore", d.ca_renew_before),
+            ("validity", d.validity),
+            ("renewBefore", d.renew_before),
+            ("interval", d.interval),
+        )
+    }
+    delay = parse_duration(
+        section.pop_str("propagationDelay", _format_duration(d.propagation_delay)),
+        section._key("propagationDelay"),
+    )
+    order = ("caValidity", "caRenewBefore", "validity", "renewBefore")
+    for longer, shorter in itertools.pairwise(order):
+        # caRenewBefore may equal validity; the other pairs must be strictly ordered.
+        if spans[longer] < spans[shorter] or (
+            spans[longer] == spans[shorter] and longer != "caRenewBefore"
+        ):
+            raise ConfigError(section._key(shorter), f"must be shorter than {section._key(longer)}")
+    if _DNS_LABEL_RE.fullmatch(names["service"]) is None:
+        raise ConfigError(section._key("service"), f"{names['service']!r} is not a DNS label")
+    dns_names = section.pop_str_list("dnsNames", [])
+    for name in dns_names:
+        if len(name) > 253 or not all(_DNS_LABEL_RE.fullmatch(p) for p in name.split(".")):
+            raise ConfigError(section._key("dnsNames"), f"{name!r} is not a DNS name")
+    ips = section.pop_str_list("ipAddresses", [])
+    for ip in ips:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ConfigError(section._key("ipAddresses"), f"{ip!r} is not an IP address") from None
+    result = CertificatesConfig(
+        mode=mode,
+        secret_name=names["secretName"],
+        namespace=section.pop_str("namespace", d.namespace),
+        webhook_configuration=names["webhookConfiguration"],
+        service=names["service"],
+        dns_names=tuple(dns_names),
+        ip_addresses=tuple(ips),
+        ca_validity=spans["caValidity"],
+        ca_renew_before=spans["caRenewBefore"],
+        validity=spans["validity"],
+        renew_before=spans["renewBefore"],
+        interval=spans["interval"],
+        propagation_delay=delay,
+        lease_name=names["leaseName"],
+    )
+    section.finish()
+    return result
 
 
 def _format_duration(value: timedelta) -> str:

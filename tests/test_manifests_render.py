@@ -43,6 +43,7 @@ VARIANTS: dict[str, list[Path]] = {
     "readmission": [MANIFESTS / "readmission"],
     "sidecar": [MANIFESTS / "sidecar"],
     "defence-in-depth": [MANIFESTS / "defence-in-depth"],
+    "self-managed": [MANIFESTS / "self-managed"],
     "everything": [MANIFESTS / "monitoring", MANIFESTS / "readmission"],
 }
 

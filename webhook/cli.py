@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from holdwarden.config import Config, ConfigError, parse_duration
+from holdwarden.config import CERT_MODES, Config, ConfigError, parse_duration
 from holdwarden.vocabulary import RuleId
 
 
@@ -24,6 +24,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--config", metavar="FILE", help="holdwarden YAML configuration")
     serve.add_argument("--listen", metavar="ADDR", help="admission address, host:port")
     serve.add_argument("--cert-dir", metavar="DIR", help="directory with tls.crt and tls.key")
+    serve.add_argument(
+        "--certificates",
+        choices=CERT_MODES,
+        help="webhook.certificates.mode: files (from --cert-dir) or self-managed (a CA and "
+        "serving certificate this server keeps in a Secret; docs/certificates.md)",
+    )
     serve.add_argument("--audit-log", metavar="PATH", help="audit log file (JSON lines)")
     serve.add_argument("--metrics", metavar="ADDR", help="metrics/health address, host:port")
     serve.add_argument(
@@ -95,6 +101,8 @@ def serve_command(args: argparse.Namespace) -> int:
             changes["metrics_address"] = check_address(args.metrics, "--metrics")
         if args.cert_dir:
             changes["cert_dir"] = Path(args.cert_dir)
+        if args.certificates:
+            changes["certificates"] = dataclasses.replace(hook.certificates, mode=args.certificates)
         if args.audit_log:
             changes["audit_log"] = Path(args.audit_log)
         config = dataclasses.replace(config, webhook=dataclasses.replace(hook, **changes))

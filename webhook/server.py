@@ -11,7 +11,8 @@ Invariants of POST /validate:
     could not be judged is refused (HTTP 200, ``allowed: false``, code 500 in the status),
     which is what ``failurePolicy: Fail`` would do anyway;
   - a refusal is answered only after its audit line is durably on disk (``AuditWriter``).
-/readyz is 200 only while the TLS site is serving.
+/readyz is 200 only while the TLS site is serving (and, with self-managed certificates,
+while the injected caBundle trusts the certificate served: certs/selfmanaged.py).
 """
 
 from __future__ import annotations
@@ -446,6 +447,17 @@ def build_metrics_app(metrics: Metrics, state: State) -> web.Application:
 
 
 def _load_tls(config: Config) -> TLSSource:
+    if config.webhook.certificates.mode == "self-managed":
+        # The Secret and the caBundle, through the API (certs/selfmanaged.py).
+        from certs.selfmanaged import SelfManagedTLS
+        from holdwarden.kubeclient import KubeconfigError, api_client
+
+        try:
+            client = api_client()
+        except KubeconfigError as exc:
+            # An OSError, so `holdwarden serve` reports it and exits 1 like a bad port.
+            raise OSError(f"self-managed certificates need API credentials: {exc}") from exc
+        return SelfManagedTLS(config, client)
     from certs.reload import ReloadingTLS
 
     cert_dir = config.webhook.cert_dir
@@ -493,6 +505,10 @@ class EnforcerServer:
         self.audit.open()
         tls = self.state.tls if self.state.tls is not None else _load_tls(self.config)
         self.state.tls = tls
+        # Self-managed certificates: not ready until the caBundle trusts what is served.
+        tls_unready = getattr(tls, "unready_reason", None)
+        if tls_unready is not None:
+            self.state.unready_checks.append(tls_unready)
         self.metrics.track_certificate(lambda: tls.not_after)
         self.metrics.track_certificate_rejections(lambda: getattr(tls, "rejected", {}))
         self.metrics.track_audit(self.audit)
