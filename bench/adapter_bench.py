@@ -15,6 +15,8 @@ Prints, for Kueue mode and plain mode:
 - median and p99 latency of Hold and Release (N each, one TrainJob, instance rising);
 - the same client's bare GET+PUT pair (the floor any preconditioned update pays), and the
   ratio of Hold's median to it;
+- the same Hold/Release rounds with the ``AsyncAdapter`` (one event loop, aiohttp): median,
+  p99, and its ratio to the bare pair and to the sync adapter's Hold;
 - a conflict storm: a status writer at 20 Hz on the held object while Hold and Release run;
   success rate, the retries used (409s seen at the HTTP layer) and their distribution.
 """
@@ -22,6 +24,7 @@ Prints, for Kueue mode and plain mode:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import multiprocessing
@@ -31,7 +34,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -39,7 +42,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta, Config, Ref
+from adapter import Adapter, AsyncAdapter, CallMeta, Config, Ref
 from adapter.errors import AdapterError
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import kueue_workload_body, trainjob_body
@@ -245,6 +248,35 @@ class Bench:
         return out
 
 
+def async_cycles(bench: Bench, ref: Ref, n: int) -> tuple[list[float], list[float], int]:
+    """``n`` Hold/Release rounds with an ``AsyncAdapter`` (same identity, its own aiohttp
+    connections, one event loop): each call's latency, and how many calls failed."""
+
+    async def run() -> tuple[list[float], list[float], int]:
+        holds: list[float] = []
+        releases: list[float] = []
+        errors = 0
+        config = Config(mode=bench.mode)  # type: ignore[arg-type]
+        async with AsyncAdapter(config, bench.api) as adapter:
+            for _ in range(n):
+                bench.instance += 1
+                inst = bench.instance
+                calls: tuple[tuple[list[float], Awaitable[None]], ...] = (
+                    (holds, adapter.hold(ref, bench.meta(inst), "bench")),
+                    (releases, adapter.release(ref, bench.meta(inst))),
+                )
+                for out, call in calls:
+                    began = time.perf_counter()
+                    try:
+                        await call
+                    except AdapterError:
+                        errors += 1
+                    out.append(time.perf_counter() - began)
+        return holds, releases, errors
+
+    return asyncio.run(run())
+
+
 def _storm_writer(
     kubeconfig: str,
     coords: tuple[str, str, str, str, str],
@@ -397,10 +429,20 @@ def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int, phase: 
         print(f"  Hold median / bare pair median = {ratio:.2f}; Release / bare = {ratio_r:.2f}")
         if hold.errors or release.errors:
             print(f"  errors: hold {dict(hold.errors)} release {dict(release.errors)}")
+        a_hold, a_release, a_errors = async_cycles(bench, ref, n)
+        a_ratio = statistics.median(a_hold) / statistics.median(bare)
+        print(
+            f"  AsyncAdapter n={len(a_hold)} Hold median {ms(statistics.median(a_hold))}"
+            f"  p99 {ms(pct(a_hold, 0.99))}; Release median {ms(statistics.median(a_release))}"
+            f"; Hold / bare = {a_ratio:.2f}, / sync Hold ="
+            f" {statistics.median(a_hold) / statistics.median(hold.latencies):.2f}"
+            + (f"; errors {a_errors}" if a_errors else "")
+        )
         summary.update(
             gap_p50=statistics.median(all_gaps),
             gap_p99=pct(all_gaps, 0.99),
             ratio=ratio,
+            async_ratio=a_ratio,
             requests=statistics.median(list(hold.http.elements())),
         )
         for hz in (20.0, 50.0):
@@ -459,11 +501,12 @@ def main() -> None:
                     summaries.append(run_mode(cluster, mode, args.n, args.storm_calls, phase))
     print("\n== summary (gap = CPU and waiting between a read's answer and the write)")
     print(f"  {'mode':<6} {'phase':<26} {'gap p50':>8} {'gap p99':>8} {'req':>4}"
-          f" {'/bare':>6} {'20 Hz':>7} {'50 Hz':>7}")  # fmt: skip
+          f" {'/bare':>6} {'async':>6} {'20 Hz':>7} {'50 Hz':>7}")  # fmt: skip
     for s in summaries:
         print(
             f"  {s['mode']:<6} {s['phase']:<26} {ms(s['gap_p50']):>8} {ms(s['gap_p99']):>8}"
-            f" {s['requests']:>4.0f} {s['ratio']:>6.2f} {s['success_20hz']:>6.1f}%"
+            f" {s['requests']:>4.0f} {s['ratio']:>6.2f} {s['async_ratio']:>6.2f}"
+            f" {s['success_20hz']:>6.1f}%"
             f" {s['success_50hz']:>6.1f}%"
         )
     print(f"\ntotal {time.monotonic() - began:.0f}s")
