@@ -81,6 +81,24 @@ class CertificatesConfig:
     lease_name: str = "holdwarden-certificates"
 
 
+AUDIT_SINKS = ("file", "stdout", "events")
+
+
+@dataclass(frozen=True)
+class AuditEventsConfig:
+    """The Events audit sink (webhook/audit_sinks.py): dedup window, write rate, queue."""
+
+    # Identical refusals within this long of their Event's last write update that Event.
+    window: timedelta = timedelta(minutes=10)
+    # Event writes (creates and series patches) a second, and the burst allowed above it.
+    qps: float = 5.0
+    burst: int = 20
+    # Distinct refusals waiting to be written; when full, new ones are dropped (counted).
+    queue_size: int = 1000
+    # Each Events API call's timeout.
+    request_timeout: timedelta = timedelta(seconds=5)
+
+
 @dataclass(frozen=True)
 class WebhookConfig:
     """Where the enforcer listens, keeps its certificate and writes its audit trail."""
@@ -108,6 +126,9 @@ class WebhookConfig:
     # (the current file and audit_max_files rotated ones).
     audit_max_bytes: int = 100 * 1024 * 1024
     audit_max_files: int = 5
+    # Where each refusal is recorded (docs/configuration.md): file, stdout, events.
+    audit_sinks: tuple[str, ...] = ("file",)
+    audit_events: AuditEventsConfig = field(default_factory=AuditEventsConfig)
     # hold-owner-only: the users, groups and service accounts (as their usernames,
     # system:serviceaccount:NS:NAME) that may change the hold annotations. Empty: rule off.
     holder_identities: tuple[str, ...] = ()
@@ -221,6 +242,8 @@ class Config:
         audit_max_files = hook.pop_int("auditMaxFiles", defaults.audit_max_files)
         if not 1 <= audit_max_files <= 1000:
             raise ConfigError("webhook.auditMaxFiles", "must be from 1 to 1000")
+        audit_sinks = _audit_sinks(hook)
+        audit_events = _audit_events(hook.pop_section("auditEvents"))
         holder_identities = hook.pop_str_list("holderIdentities", [])
         workload_deleters = hook.pop_str_list("workloadDeleters", list(DEFAULT_WORKLOAD_DELETERS))
         webhook = WebhookConfig(
@@ -243,6 +266,8 @@ class Config:
             drain_timeout=hook_timeouts["drainTimeout"],
             audit_max_bytes=audit_max_bytes,
             audit_max_files=audit_max_files,
+            audit_sinks=audit_sinks,
+            audit_events=audit_events,
             holder_identities=tuple(holder_identities),
             workload_deleters=tuple(workload_deleters),
             certificates=_certificates(hook.pop_section("certificates")),
@@ -378,6 +403,41 @@ def _positive_duration(section: _Section, name: str, default: timedelta) -> time
     if value <= timedelta(0):
         raise ConfigError(key, "must be longer than zero")
     return value
+
+
+def _audit_sinks(hook: _Section) -> tuple[str, ...]:
+    key = hook._key("auditSinks")
+    sinks = hook.pop_str_list("auditSinks", ["file"])
+    return check_audit_sinks(sinks, key)
+
+
+def check_audit_sinks(sinks: list[str], key: str) -> tuple[str, ...]:
+    """At least one sink, each a known name, none twice."""
+    if not sinks:
+        raise ConfigError(key, f"must name at least one of {', '.join(AUDIT_SINKS)}")
+    for sink in sinks:
+        if sink not in AUDIT_SINKS:
+            raise ConfigError(key, f"{sink!r} is not a sink; use {', '.join(AUDIT_SINKS)}")
+    if len(set(sinks)) != len(sinks):
+        raise ConfigError(key, "names a sink twice")
+    return tuple(sinks)
+
+
+def _audit_events(section: _Section) -> AuditEventsConfig:
+    defaults = AuditEventsConfig()
+    window = _positive_duration(section, "window", defaults.window)
+    request_timeout = _positive_duration(section, "requestTimeout", defaults.request_timeout)
+    qps = section._data.pop("qps", defaults.qps)
+    if isinstance(qps, bool) or not isinstance(qps, int | float) or qps <= 0:
+        raise ConfigError(section._key("qps"), f"must be a number above 0, got {qps!r}")
+    burst = section.pop_int("burst", defaults.burst)
+    if burst < 1:
+        raise ConfigError(section._key("burst"), "must be at least 1")
+    queue_size = section.pop_int("queueSize", defaults.queue_size)
+    if queue_size < 1:
+        raise ConfigError(section._key("queueSize"), "must be at least 1")
+    section.finish()
+    return AuditEventsConfig(window, float(qps), burst, queue_size, request_timeout)
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -35,6 +35,7 @@ VARIANTS: dict[str, tuple[list[str], list[Path]]] = {
     "monitoring": (["monitoring.enabled=true"], [MANIFESTS / "monitoring"]),
     "readmission": (["readmission.enabled=true"], [MANIFESTS / "readmission"]),
     "sidecar": (["sidecar.enabled=true"], [MANIFESTS / "sidecar"]),
+    "audit-events": (["auditEvents.enabled=true"], [MANIFESTS / "audit-events"]),
     "sidecar-monitoring": (
         ["sidecar.enabled=true", "monitoring.enabled=true"],
         [MANIFESTS / "sidecar", MANIFESTS / "monitoring"],
@@ -110,5 +111,5 @@ def test_chart_values_are_documented_and_versioned() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     # The default configuration loads (unknown keys and bad values are errors).
     Config.from_dict(values["config"])
-    for optional in ("readmission", "monitoring", "sidecar"):
+    for optional in ("readmission", "monitoring", "sidecar", "auditEvents"):
         assert values[optional]["enabled"] is False, optional

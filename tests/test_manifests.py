@@ -62,8 +62,9 @@ def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system()
         [
             "Namespace",
             "ServiceAccount",
-            # Roles for the supervisor (2) and operators (2), bound by the user; the
-            # enforcer itself has none.
+            # Roles for the supervisor (2) and operators (2), bound by the user, and the
+            # enforcer's Events sink role, bound only by manifests/audit-events.
+            "ClusterRole",
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
@@ -210,6 +211,7 @@ def test_service_pdb_and_rbac_point_at_the_right_things() -> None:
         "holdwarden-supervisor-cluster",
         "holdwarden-operator-view",
         "holdwarden-operator-hold",
+        "holdwarden-audit-events",
     }
     # Operators' roles never create (preflight's dry runs are the supervisor's) and the
     # view role never writes.

@@ -621,6 +621,8 @@ class AuditRead:
     skipped_lines: list[int] = field(default_factory=list)
     skipped_at: list[tuple[Path, int]] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    # Stream reads only: JSON lines that are not audit records (the server's own logs).
+    other: int = 0
 
 
 def parse_time(text: str) -> datetime | None:
@@ -705,11 +707,27 @@ class AuditFilter:
         return True
 
 
+def is_audit_record(obj: Mapping[str, Any]) -> bool:
+    """A JSON object read from a mixed stream (``kubectl logs``) is an audit record when it
+    carries the stdout sink's ``"audit": true``, or, with no ``audit`` key at all, is a
+    file line: it has a ``rule`` and is not one of the server's log lines (``logger``)."""
+    marker = obj.get("audit")
+    if "audit" in obj:
+        return marker is True
+    return "rule" in obj and "logger" not in obj
+
+
 def _read_lines(
-    result: AuditRead, source: Path, handle: Iterable[bytes], wanted: AuditFilter
+    result: AuditRead,
+    source: Path,
+    handle: Iterable[bytes],
+    wanted: AuditFilter,
+    *,
+    mixed: bool = False,
 ) -> None:
     """Add the records of ``handle`` that pass ``wanted`` to ``result``; a line that is not
-    a JSON object is counted as skipped (with ``source`` and its line number), never fatal."""
+    a JSON object is counted as skipped (with ``source`` and its line number), never fatal.
+    ``mixed``: the stream also holds other JSON lines (logs), counted in ``other``."""
     for number, raw in enumerate(handle, start=1):
         if not raw.strip():
             continue
@@ -722,6 +740,11 @@ def _read_lines(
             result.skipped_lines.append(number)
             result.skipped_at.append((source, number))
             continue
+        if mixed and not is_audit_record(record):
+            result.other += 1
+            continue
+        if mixed:
+            record.pop("audit", None)
         if wanted.matches(record):
             result.records.append(record)
 
@@ -759,9 +782,11 @@ def read_audit_stream(
     stream: Iterable[bytes], wanted: AuditFilter, source: Path = Path("<stdin>")
 ) -> AuditRead:
     """Records of audit lines read from ``stream`` (``holdwarden audit -``: e.g. the
-    concatenated files of several Pods, or ``kubectl logs`` output), filtered like
-    ``read_audit``. Lines that are not JSON objects (other log output) are skipped."""
+    concatenated files of several Pods, or ``kubectl logs`` output of the stdout sink),
+    filtered like ``read_audit``. Lines that are not JSON objects are skipped; JSON lines
+    that are not audit records (``is_audit_record``: the server's logs) are counted in
+    ``other``; the stdout sink's ``audit`` marker is dropped from the records."""
     result = AuditRead()
     result.files.append(source)
-    _read_lines(result, source, stream, wanted)
+    _read_lines(result, source, stream, wanted, mixed=True)
     return result

@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from holdwarden.config import CERT_MODES, Config, ConfigError, parse_duration
+from holdwarden.config import (
+    AUDIT_SINKS,
+    CERT_MODES,
+    Config,
+    ConfigError,
+    check_audit_sinks,
+    parse_duration,
+)
+from holdwarden.kubeclient import PRECEDENCE_HELP
 from holdwarden.vocabulary import RuleId
 
 
@@ -33,6 +41,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--audit-log", metavar="PATH", help="audit log file (JSON lines)")
     serve.add_argument("--metrics", metavar="ADDR", help="metrics/health address, host:port")
     serve.add_argument(
+        "--audit-sink",
+        action="append",
+        choices=AUDIT_SINKS,
+        metavar="SINK",
+        help="where refusals are recorded: file, stdout or events; repeat it for several "
+        "(duplicates fold). Given, it replaces webhook.auditSinks",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning"),
@@ -53,6 +69,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="audit log file (overrides the config); - reads audit lines from standard "
         "input, e.g. `kubectl exec POD -- cat /var/log/holdwarden/audit.jsonl | holdwarden "
         "audit --log -` (lines that are not JSON objects are skipped and counted)",
+    )
+    audit.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="read the Events the enforcer's events sink wrote (label holdwarden.io/audit="
+        "refusal) instead of a log; with -n only that namespace's, else every namespace's",
+    )
+    audit.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help=f"with --from-cluster: kubeconfig file; default: {PRECEDENCE_HELP}",
+    )
+    audit.add_argument(
+        "--context", metavar="NAME", help="with --from-cluster: kubeconfig context to use"
     )
     audit.add_argument("--namespace", "-n", metavar="NS", help="only refusals in this namespace")
     audit.add_argument("--name", help="only refusals of objects with this name")
@@ -105,14 +135,21 @@ def serve_command(args: argparse.Namespace) -> int:
             changes["certificates"] = dataclasses.replace(hook.certificates, mode=args.certificates)
         if args.audit_log:
             changes["audit_log"] = Path(args.audit_log)
+        if args.audit_sink:
+            # Set semantics, so that overlays can each add the sinks they need.
+            changes["audit_sinks"] = check_audit_sinks(
+                list(dict.fromkeys(args.audit_sink)), "--audit-sink"
+            )
         config = dataclasses.replace(config, webhook=dataclasses.replace(hook, **changes))
     except ConfigError as exc:
         print(f"holdwarden serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(getattr(logging, args.log_level.upper()))
+    from holdwarden.kubeclient import KubeconfigError
+
     try:
         asyncio.run(run_server(config))
-    except OSError as exc:
+    except (OSError, KubeconfigError) as exc:
         logging.getLogger("holdwarden.webhook").error(
             "cannot serve", extra={"fields": {"error": str(exc)}}
         )
@@ -168,6 +205,11 @@ def audit_command(args: argparse.Namespace) -> int:
         return 2
     path = Path(args.log) if args.log else config.webhook.audit_log
     wanted = AuditFilter(args.namespace, args.name, args.user, args.rule, since)
+    if args.from_cluster:
+        if args.log:
+            print("holdwarden audit: --from-cluster reads Events, not --log", file=sys.stderr)
+            return 2
+        return _audit_from_cluster(args, config, wanted)
     try:
         if args.log == "-":
             result = read_audit_stream(sys.stdin.buffer, wanted)
@@ -193,21 +235,7 @@ def audit_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.output == "json":
-        for record in result.records:
-            sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
-    elif args.output == "yaml":
-        import yaml
-
-        sys.stdout.write(
-            yaml.safe_dump_all(result.records, sort_keys=True) if result.records else ""
-        )
-    elif args.output == "wide":
-        # Every field any record has, the usual columns first.
-        extra = sorted({key for record in result.records for key in record} - set(_COLUMNS))
-        print_table(result.records, sys.stdout, (*_COLUMNS, *extra))
-    else:
-        print_table(result.records, sys.stdout)
+    _print_records(result.records, args.output)
     if result.skipped:
         # file:line, since the log spans the current file and its rotated ones.
         where = ", ".join(f"{source.name}:{n}" for source, n in result.skipped_at[:10])
@@ -216,4 +244,60 @@ def audit_command(args: argparse.Namespace) -> int:
             f"and its rotated files ({where}); a torn last line is expected after a crash",
             file=sys.stderr,
         )
+    return 0
+
+
+def _print_records(
+    records: list[dict[str, Any]], output: str | None, columns: tuple[str, ...] = _COLUMNS
+) -> None:
+    if output == "json":
+        for record in records:
+            sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    elif output == "yaml":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump_all(records, sort_keys=True) if records else "")
+    elif output == "wide":
+        # Every field any record has, the usual columns first.
+        extra = sorted({key for record in records for key in record} - set(columns))
+        print_table(records, sys.stdout, (*columns, *extra))
+    else:
+        print_table(records, sys.stdout, columns)
+
+
+# The Events' table: a row stands for COUNT identical refusals, TIME the last of them.
+_CLUSTER_COLUMNS = ("time", "count", "rule", "namespace", "name", "instance", "user", "operation")
+
+
+def _audit_from_cluster(args: argparse.Namespace, config: Config, wanted: Any) -> int:
+    """``audit --from-cluster``: the enforcer's Events, filtered, in the same table."""
+    from kubernetes.client.exceptions import ApiException
+
+    from holdwarden import kubeclient
+    from webhook.audit_sinks import EventLabels, read_cluster_events
+
+    try:
+        api = kubeclient.api_client(args.kubeconfig, args.context)
+    except kubeclient.KubeconfigError as exc:
+        print(f"holdwarden audit: {exc}", file=sys.stderr)
+        return 2
+    timeout = config.apiserver_request_timeout.total_seconds()
+    try:
+        records = read_cluster_events(
+            api, EventLabels(config.annotation_prefix), namespace=args.namespace, timeout=timeout
+        )
+    except ApiException as exc:
+        where = f"namespace {args.namespace}" if args.namespace else "all namespaces"
+        print(
+            f"holdwarden audit: cannot list events.k8s.io Events in {where}: {exc.status} "
+            f"{exc.reason} (holdwarden-operator-view grants list on them)",
+            file=sys.stderr,
+        )
+        return 3 if exc.status in (401, 403) else 1
+    except Exception as exc:  # urllib3's connection and timeout errors
+        print(f"holdwarden audit: cannot reach the cluster: {exc}", file=sys.stderr)
+        return 9
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    _print_records([r for r in records if wanted.matches(r)], args.output, _CLUSTER_COLUMNS)
     return 0

@@ -26,7 +26,7 @@ import ssl
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -37,6 +37,7 @@ from aiohttp import HttpVersion11, web
 from holdwarden.config import Config, split_address
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from webhook.audit import AuditWriter, audit_record, rfc3339
+from webhook.audit_sinks import EventsClient, EventsSink, KubeEvents, SinkMetrics, StdoutSink
 from webhook.connections import (
     LINGERING_TIME,
     MAX_FIELD_SIZE,
@@ -64,6 +65,8 @@ from webhook.rules import RulesConfig, Violation, evaluate, skip_reason
 log = logging.getLogger("holdwarden.webhook")
 
 SWITCH_INTERVAL = 0.0005
+# How long the Events sink may write its queue at shutdown; the rest is counted as dropped.
+SINK_DRAIN_SECONDS = 2.0
 # The kube-apiserver decodes JSON with Go's encoding/json (and k8s.io/apimachinery's
 # util/json), which refuse nesting deeper than 10,000 levels; so an object it stores is at
 # most that deep, and a review embeds it 3 levels down. msgspec (like Python's json) counts
@@ -78,6 +81,13 @@ _JSON = "application/json"
 _ENCODE = msgspec.json.encode
 # Pre-encoded, so answering it cannot fail.
 _LAST_RESORT = _ENCODE(bad_request_body(400, "could not read the request"))
+
+
+class RecordSink(Protocol):
+    """An audit sink besides the file (webhook/audit_sinks.py): ``append`` returns within
+    a bounded time and never raises."""
+
+    async def append(self, record: Mapping[str, Any]) -> None: ...
 
 
 class TLSSource(Protocol):
@@ -155,10 +165,15 @@ class Enforcer:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         guard: ConnectionGuard | None = None,
+        sinks: Sequence[RecordSink] = (),
     ) -> None:
         self.config = config
         self.rules = RulesConfig.from_config(config)
         self.audit = audit
+        # The file sink is on unless webhook.auditSinks leaves it out; the others
+        # (webhook/audit_sinks.py) count their own failures and never raise.
+        self.file_audit = "file" in config.webhook.audit_sinks
+        self.sinks = tuple(sinks)
         self.metrics = metrics
         self.clock = clock
         self.max_body = config.webhook.max_body_bytes
@@ -329,15 +344,20 @@ class Enforcer:
             return self._json(200, internal_error(review.uid, type(exc).__name__))
 
     async def _audit(self, review: Review, violation: Violation, body: bytes) -> None:
-        try:
-            await self.audit.append(audit_record(review, violation, self.clock(), body))
-        except OSError as exc:
-            # The refusal is still the safe answer; the failure is loud in logs and metrics.
-            self.metrics.audit_errors.inc()
-            log.error(
-                "audit line could not be written",
-                extra={"fields": {"uid": review.uid, "error": str(exc)}},
-            )
+        record = audit_record(review, violation, self.clock(), body)
+        if self.file_audit:
+            try:
+                await self.audit.append(record)
+            except OSError as exc:
+                # The refusal is still the safe answer; the failure is loud in logs and
+                # metrics.
+                self.metrics.audit_errors.inc()
+                log.error(
+                    "audit line could not be written",
+                    extra={"fields": {"uid": review.uid, "error": str(exc)}},
+                )
+        for sink in self.sinks:
+            await sink.append(record)
 
 
 def _peer(request: web.Request) -> str:
@@ -393,13 +413,14 @@ def build_app(
     state: State | None = None,
     *,
     guard: ConnectionGuard | None = None,
+    sinks: Sequence[RecordSink] = (),
 ) -> web.Application:
     """The admission app (POST /validate, /healthz, /readyz). ``state`` defaults to ready,
     for tests that serve it without TLS. With ``guard`` (the TLS site's), the handlers
     tell it when each request starts and ends."""
     state = state if state is not None else State(ready=True)
     allow_apiserver_json_depth()
-    enforcer = Enforcer(config, audit, metrics, guard=guard)
+    enforcer = Enforcer(config, audit, metrics, guard=guard, sinks=sinks)
     # One byte over the limit is enough for aiohttp to refuse; the handler words the 413.
     app = web.Application(client_max_size=config.webhook.max_body_bytes)
     routes = [
@@ -479,6 +500,7 @@ class EnforcerServer:
         tls: TLSSource | None = None,
         audit: AuditWriter | None = None,
         metrics: Metrics | None = None,
+        events_client: EventsClient | None = None,
     ) -> None:
         self.config = config
         self.state = State(tls=tls)
@@ -487,8 +509,17 @@ class EnforcerServer:
             max_bytes=config.webhook.audit_max_bytes,
             max_files=config.webhook.audit_max_files,
         )
-        self.state.unready_checks.append(self.audit.unready_reason)
+        sinks = config.webhook.audit_sinks
+        if "file" in sinks:
+            self.state.unready_checks.append(self.audit.unready_reason)
         self.metrics = metrics or Metrics()
+        self.stdout_sink = StdoutSink() if "stdout" in sinks else None
+        # The Events sink's client: given (tests), or made at start from the in-cluster
+        # credentials (or the kubeconfig outside a cluster), as the readmission gate's is.
+        self._events_client = events_client
+        self.events_sink: EventsSink | None = None
+        self._own_events_client: KubeEvents | None = None
+        self.sinks: list[RecordSink] = [] if self.stdout_sink is None else [self.stdout_sink]
         self.port = 0
         self.metrics_port = 0
         self._runners: list[web.AppRunner] = []
@@ -502,7 +533,7 @@ class EnforcerServer:
         # loop would make every refusal wait up to 5 ms for it. 0.5 ms bounds that wait; it
         # only costs anything when another thread actually asks for the GIL.
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
-        self.audit.open()
+        self._start_sinks()
         tls = self.state.tls if self.state.tls is not None else _load_tls(self.config)
         self.state.tls = tls
         # Self-managed certificates: not ready until the caBundle trusts what is served.
@@ -527,7 +558,9 @@ class EnforcerServer:
         self.guard.start()
         guard = self.guard
         self.metrics.track_connections(lambda: (guard.count, guard.closed_by_reason()))
-        app = build_app(self.config, self.audit, self.metrics, self.state, guard=self.guard)
+        app = build_app(
+            self.config, self.audit, self.metrics, self.state, guard=self.guard, sinks=self.sinks
+        )
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -556,9 +589,31 @@ class EnforcerServer:
                     "metrics": f"{self.config.webhook.metrics_address.rpartition(':')[0]}:"
                     f"{self.metrics_port}",
                     "auditLog": str(self.audit.path),
+                    "auditSinks": list(self.config.webhook.audit_sinks),
                 }
             },
         )
+
+    def _start_sinks(self) -> None:
+        hook = self.config.webhook
+        if "file" in hook.audit_sinks:
+            self.audit.open()
+        if self.stdout_sink is not None:
+            self.stdout_sink.open()
+        if "events" in hook.audit_sinks:
+            client = self._events_client
+            if client is None:
+                from holdwarden.kubeclient import api_client
+
+                timeout = hook.audit_events.request_timeout.total_seconds()
+                client = self._own_events_client = KubeEvents(api_client(), timeout)
+            self.events_sink = EventsSink(
+                hook.audit_events, client, annotation_prefix=self.config.annotation_prefix
+            )
+            self.events_sink.open()
+            self.sinks.append(self.events_sink)
+        if self.stdout_sink is not None or self.events_sink is not None:
+            self.metrics.registry.register(SinkMetrics(self.stdout_sink, self.events_sink))
 
     def reopen_logs(self) -> None:
         """SIGHUP: reopen the audit log at its path (after an external rotation)."""
@@ -620,6 +675,14 @@ class EnforcerServer:
                 await self._watch
             self._watch = None
         await self.audit.aclose()
+        # After the sites: no refusal can come any more. Each drain is bounded, and both
+        # fit in the 5 s the Pod's grace period leaves after the drain (deployment.yaml).
+        if self.stdout_sink is not None:
+            await self.stdout_sink.aclose(timeout=1.0)
+        if self.events_sink is not None:
+            await self.events_sink.aclose(timeout=SINK_DRAIN_SECONDS)
+        if self._own_events_client is not None:
+            self._own_events_client.close()
 
 
 def _bound_port(runner: web.AppRunner) -> int:
