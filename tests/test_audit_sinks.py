@@ -530,3 +530,99 @@ def test_serve_with_the_events_sink_and_no_credentials_says_which_and_exits(
         timeout=60, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "invalid choice: 'syslog'" in bad.stderr
+
+
+class LandingTimeouts(MemoryEvents):
+    """A server that applies a write and then the client times out (status 0), for the
+    first ``landed`` calls; or fails before applying for ``lost`` calls (as scripted)."""
+
+    def __init__(self, script: list[str]) -> None:
+        super().__init__()
+        self.script = list(script)  # per call: "ok" | "landed" | "lost" | "403"
+
+    def _outcome(self) -> str:
+        return self.script.pop(0) if self.script else "ok"
+
+    def create(self, namespace: str, body: dict[str, Any]) -> None:
+        outcome = self._outcome()
+        if outcome in ("lost", "403"):
+            raise EventsApiError(403 if outcome == "403" else 0, outcome)
+        if (namespace, body["metadata"]["name"]) in self.events:
+            raise EventsApiError(409, "already exists")
+        self.events[(namespace, body["metadata"]["name"])] = body
+        if outcome == "landed":
+            raise EventsApiError(0, "ReadTimeoutError: the answer never came")
+
+    def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        outcome = self._outcome()
+        if outcome in ("lost", "403"):
+            raise EventsApiError(403 if outcome == "403" else 0, outcome)
+        if (namespace, name) not in self.events:
+            raise EventsApiError(404, "not found")
+        self.events[(namespace, name)].update(body)
+        if outcome == "landed":
+            raise EventsApiError(0, "ReadTimeoutError: the answer never came")
+
+    def total(self) -> int:
+        return sum(int(e.get("series", {}).get("count", 1)) for e in self.events.values())
+
+
+async def test_a_write_that_landed_after_its_timeout_loses_no_refusal() -> None:
+    """Before: a patch that timed out (but landed) counted its refusals as failed and left
+    the cached count behind, so 6 identical refusals could leave series.count at 5; a
+    create that landed was made again. Now every write carries the whole total."""
+    client = LandingTimeouts(["landed", "landed", "lost", "landed"])
+    sink = events_sink(client)
+    sink.open()
+    try:
+        for i in range(6):
+            sink.offer(record(f"u{i}"))
+            await until(lambda: not sink.queued)  # one at a time, as the e2e test sends
+        await until(lambda: client.total() == 6 and not sink.queued)
+    finally:
+        await sink.aclose(timeout=5)
+    (event,) = client.events.values()
+    assert event["series"]["count"] == 6
+    # The create landed (retried: 409, so patched), a patch was lost, one landed: 3 retries.
+    assert sink.counts.failed == 0 and sink.counts.retried == 3
+    assert sink.counts.by_error == {"unreachable": 3} and sink.counts.created == 1
+
+
+async def test_a_refused_write_is_not_retried_and_its_refusals_count_as_failed() -> None:
+    client = LandingTimeouts(["403"])
+    sink = events_sink(client)
+    sink.open()
+    try:
+        sink.offer(record("a"))
+        await until(lambda: sink.counts.failed == 1)
+        sink.offer(record("b"))
+        await until(lambda: sink.counts.created == 1)
+    finally:
+        await sink.aclose(timeout=5)
+    assert sink.counts.retried == 0 and client.total() == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from(["ok", "landed", "lost", "403"]), max_size=12),
+    st.integers(min_value=1, max_value=12),
+)
+async def test_property_the_events_never_overcount_and_nothing_is_lost_silently(
+    script: list[str], refusals: int
+) -> None:
+    client = LandingTimeouts(script)
+    sink = events_sink(client)
+    sink.open()
+    try:
+        for i in range(refusals):
+            sink.offer(record(f"u{i}"))
+            await asyncio.sleep(0)
+        await until(lambda: not sink.queued and sink.counts.created + sink.counts.failed > 0)
+        await until(lambda: not sink.queued)
+    finally:
+        await sink.aclose(timeout=5)
+    shown = client.total()
+    assert shown <= refusals, "an Event never says more refusals than there were"
+    assert shown + sink.counts.failed + sink.counts.dropped >= refusals, "none lost silently"
+    if "403" not in script and script.count("lost") + script.count("landed") < 4:
+        assert shown == refusals  # fewer transient failures than attempts: exact

@@ -206,13 +206,24 @@ class TokenBucket:
 
 @dataclass
 class Series:
-    """An Event already written for a key: its name and namespace, the count it carries,
-    and when it was last written (monotonic seconds)."""
+    """The Event of a key: its name and namespace, how many refusals it stands for
+    (``count``, including those still being written), how many the API server is known to
+    hold (``confirmed``), whether its create is known to have landed, and when it was last
+    written (monotonic seconds).
+
+    ``count`` is advanced before a write and every write carries it whole (the create's
+    count, a patch's absolute ``series.count``), so a write that is retried, or that
+    landed after its client gave up, can only ever say the same or a larger total.
+    """
 
     name: str
     namespace: str
     count: int
     written: float
+    confirmed: int = 0
+    created: bool = True
+    first: datetime | None = None
+    last: datetime | None = None
 
 
 class SeriesCache:
@@ -401,6 +412,16 @@ class _Pending:
     count: int
     first: datetime
     last: datetime
+    attempts: int = 0  # failed writes of this key so far (a retry carries count 0)
+
+
+# A write that failed for a reason that may pass (no answer, 429, 5xx) is tried again, at
+# most this many times in all, inside the token bucket; then its refusals count as failed.
+EVENT_WRITE_ATTEMPTS = 5
+
+
+def _transient(exc: EventsApiError) -> bool:
+    return exc.status == 0 or exc.status == 429 or exc.status >= 500
 
 
 @dataclass
@@ -411,7 +432,8 @@ class EventCounts:
     updated: int = 0  # series patches written
     deduplicated: int = 0  # refusals folded into an Event or a queued entry
     dropped: int = 0  # refusals lost: the queue was full, or shutdown came first
-    failed: int = 0  # refusals lost: the API call failed
+    failed: int = 0  # refusals lost: the API call failed (for good, or too often)
+    retried: int = 0  # writes tried again after a failure that may pass
     dry_run: int = 0  # dry-run refusals, never Events
     by_error: dict[str, int] = field(default_factory=dict)
 
@@ -578,57 +600,119 @@ class EventsSink:
                 self._in_flight = False
 
     async def _write(self, key: DedupKey, item: _Pending) -> None:
+        """Write ``item``'s refusals into its key's Event: create it, or patch its series
+        to the absolute total. Invariant: no refusal is lost or counted twice by a write
+        in flight, a retry, or a write that landed after its timeout; a failure that may
+        pass is retried (the key is queued again with count 0: the total lives in the
+        series), at most ``EVENT_WRITE_ATTEMPTS`` times."""
+        now = self.monotonic()
+        series = self.cache.get(key, now)
+        if series is None:
+            series = self._new_series(key, item, item.count, now)
+        else:
+            series.count += item.count
+            series.last = max(series.last or item.last, item.last)
+            series.written = now
+        try:
+            await self._send_series(key, series, item)
+        except EventsApiError as exc:
+            self._failed(key, series, item, exc)
+
+    def _new_series(self, key: DedupKey, item: _Pending, count: int, now: float) -> Series:
+        """A series for an Event not yet created, put in the cache at once (optimistic):
+        refusals that come while its create is on the wire fold into it."""
+        name = event_name(str(item.record.get("name") or ""), key, item.first)
+        namespace = str(item.record.get("namespace") or "default")
+        series = Series(name, namespace, count, now, 0, False, item.first, item.last)
+        self.cache.put(key, series)
+        return series
+
+    async def _send_series(self, key: DedupKey, series: Series, item: _Pending) -> None:
         loop = asyncio.get_running_loop()
         assert self._executor is not None
-        series = self.cache.get(key, self.monotonic())
+        if series.created:
+            try:
+                patch = series_patch(series.count, series.last or item.last)
+                await loop.run_in_executor(
+                    self._executor, self.client.patch, series.namespace, series.name, patch
+                )
+                series.confirmed = series.count
+                self.counts.updated += 1
+                return
+            except EventsApiError as exc:
+                if exc.status != 404:
+                    raise
+            # The Event is gone (its TTL passed, or someone deleted it): start anew with
+            # the refusals it did not hold.
+            self.cache.forget(key)
+            unwritten = max(1, series.count - series.confirmed)
+            series = self._new_series(key, item, unwritten, self.monotonic())
+        body = event_body(
+            item.record,
+            name=series.name,
+            count=series.count,
+            first=series.first or item.first,
+            last=series.last or item.last,
+            instance=self.instance,
+            labels=self.labels,
+        )
+        namespace = body["metadata"]["namespace"]
+        series.namespace = namespace
         try:
-            if series is not None:
-                count = series.count + item.count
-                patch = series_patch(count, item.last)
-                try:
-                    await loop.run_in_executor(
-                        self._executor, self.client.patch, series.namespace, series.name, patch
-                    )
-                except EventsApiError as exc:
-                    if exc.status != 404:
-                        raise
-                    # The Event is gone (its TTL passed, or someone deleted it): start anew.
-                    self.cache.forget(key)
-                    series = None
-                else:
-                    series.count, series.written = count, self.monotonic()
-                    self.counts.updated += 1
-                    return
-            name = event_name(str(item.record.get("name") or ""), key, item.first)
-            body = event_body(
-                item.record,
-                name=name,
-                count=item.count,
-                first=item.first,
-                last=item.last,
-                instance=self.instance,
-                labels=self.labels,
-            )
-            namespace = body["metadata"]["namespace"]
             await loop.run_in_executor(self._executor, self.client.create, namespace, body)
-            self.cache.put(key, Series(name, namespace, item.count, self.monotonic()))
-            self.counts.created += 1
         except EventsApiError as exc:
-            self.counts.failed += item.count
-            reason = str(exc.status) if exc.status else "unreachable"
-            self.counts.by_error[reason] = self.counts.by_error.get(reason, 0) + 1
-            log.warning(
-                "audit Event could not be written",
-                extra={
-                    "fields": {
-                        "rule": key[4],
-                        "namespace": key[0],
-                        "name": key[3],
-                        "refusals": item.count,
-                        "error": str(exc),
-                    }
-                },
-            )
+            if exc.status != 409:
+                raise
+            # An earlier create of this very name landed, its answer lost: the Event
+            # exists with some count up to ours; bring its series to the whole total.
+            series.created = True
+            self.counts.created += 1
+            if series.count >= 2:
+                patch = series_patch(series.count, series.last or item.last)
+                await loop.run_in_executor(
+                    self._executor, self.client.patch, namespace, series.name, patch
+                )
+                self.counts.updated += 1
+            series.confirmed = series.count
+            return
+        series.created = True
+        series.confirmed = series.count
+        self.counts.created += 1
+
+    def _failed(self, key: DedupKey, series: Series, item: _Pending, exc: EventsApiError) -> None:
+        reason = str(exc.status) if exc.status else "unreachable"
+        self.counts.by_error[reason] = self.counts.by_error.get(reason, 0) + 1
+        attempts = item.attempts + 1
+        if _transient(exc) and attempts < EVENT_WRITE_ATTEMPTS and not self._closing:
+            self.counts.retried += 1
+            queued = self.pending.get(key)
+            if queued is not None:
+                queued.attempts = max(queued.attempts, attempts)
+            else:
+                self.pending[key] = _Pending(item.record, 0, item.first, item.last, attempts)
+            self._wake.set()
+            return
+        unwritten = series.count - series.confirmed
+        self.counts.failed += unwritten
+        self.cache.forget(key)  # the next refusal makes a new Event
+        log.warning(
+            "audit Event could not be written",
+            extra={
+                "fields": {
+                    "rule": key[4],
+                    "namespace": key[0],
+                    "name": key[3],
+                    "refusals": unwritten,
+                    "attempts": attempts,
+                    "error": str(exc),
+                }
+            },
+        )
+
+    def _unwritten(self, key: DedupKey, item: _Pending) -> int:
+        """Refusals of a queued key that no Event holds yet."""
+        series = self.cache.get(key, self.monotonic())
+        return item.count + (series.count - series.confirmed if series is not None else 0)
 
     async def aclose(self, timeout: float = 5.0) -> None:
         """Stop taking refusals, write the queued ones for at most ``timeout`` seconds,
@@ -643,7 +727,7 @@ class EventsSink:
                 worker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await worker
-        left = sum(item.count for item in self.pending.values())
+        left = sum(self._unwritten(key, item) for key, item in self.pending.items())
         self.counts.dropped += left
         self.pending.clear()
         if self._executor is not None:
@@ -690,6 +774,7 @@ class SinkMetrics(Collector):
                 ("deduplicated", counts.deduplicated),
                 ("dropped", counts.dropped),
                 ("failed", counts.failed),
+                ("retried", counts.retried),
                 ("dry_run", counts.dry_run),
             ):
                 events.add_metric([outcome], value)
