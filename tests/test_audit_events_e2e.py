@@ -46,7 +46,7 @@ from tests.test_webhook_e2e import (
     patch,
     refused,
 )
-from webhook.audit_sinks import EventLabels, EventsSink, KubeEvents
+from webhook.audit_sinks import EVENT_WRITE_ATTEMPTS, EventLabels, EventsSink, KubeEvents
 from webhook.server import EnforcerServer
 
 pytestmark = pytest.mark.controlplane
@@ -389,10 +389,14 @@ def test_an_events_api_that_hangs_or_refuses_never_delays_or_changes_an_answer(
         # Each answer came well before one Events call could time out: none waited on it.
         assert max(seconds) < timeout, seconds
         sink = hooked.sink
-        deadline = time.monotonic() + WAIT
+        # One worker: a hanging API costs each of the 4 keys every attempt's timeout.
+        deadline = time.monotonic() + WAIT + 4 * EVENT_WRITE_ATTEMPTS * timeout
         while sink.counts.failed < 4:
             assert time.monotonic() < deadline, sink.counts
             time.sleep(0.1)
         assert sink.counts.created == 0
         assert set(sink.counts.by_error) == {"unreachable" if failure == "hangs" else "403"}
+        # No answer may pass: retried; a refusal (403) will not: never retried.
+        retries = 4 * (EVENT_WRITE_ATTEMPTS - 1) if failure == "hangs" else 0
+        assert sink.counts.retried == retries, sink.counts
         api.close()  # type: ignore[no-untyped-call]

@@ -417,7 +417,8 @@ class _Pending:
 
 # A write that failed for a reason that may pass (no answer, 429, 5xx) is tried again, at
 # most this many times in all, inside the token bucket; then its refusals count as failed.
-EVENT_WRITE_ATTEMPTS = 5
+# Small, because one worker writes: a hanging API costs each key attempts x requestTimeout.
+EVENT_WRITE_ATTEMPTS = 3
 
 
 def _transient(exc: EventsApiError) -> bool:
