@@ -636,6 +636,8 @@ def check_schedule(plan: Plan, name: str, events: list[WatchEvent], writes: list
         if raw is not None and new is None:
             fail(event, f"malformed hold instance {raw!r}")
         call = writer.get(event.rv)
+        if call is None and new != in_force:
+            call = _landed_unanswered(plan, new, in_force)
         # (a) weak: no write by an older call while a newer instance is in force.
         if in_force is not None and call is not None:
             if call.op == "open" and (new != in_force or not _hold_field(held_obj, kueue)):
@@ -658,6 +660,23 @@ def check_schedule(plan: Plan, name: str, events: list[WatchEvent], writes: list
         in_force = new
         max_in_force = max(max_in_force, new or 0)
     return verdict
+
+
+def _landed_unanswered(plan: Plan, new: int | None, in_force: int | None) -> Call | None:
+    """The call that made a hold change whose answer never came back to it.
+
+    Writes are attributed by their response's resourceVersion; a write that landed after
+    its client timed out (the call says it "may still land") has none. Only a Hold of the
+    new instance, or a Release of the one in force, can have made the change; it is then
+    checked as that call's write (rule (a) still applies to it)."""
+    for call in plan.calls:
+        if "may still land" not in call.detail:
+            continue
+        if call.op == "hold" and new is not None and call.instance == new:
+            return call
+        if call.op == "release" and new is None and call.instance == in_force:
+            return call
+    return None
 
 
 def _hold(obj: Obj) -> str | None:
@@ -1080,3 +1099,20 @@ def test_hold_after_the_trainjob_is_recreated_holds_the_new_workload(
         )
         assert _hold(old_now) is None, "the dead TrainJob's Workload must not be written"
         assert adapter.observe(ref).state.value == "held"
+
+
+def test_checker_attributes_a_write_that_landed_after_its_timeout_to_its_call() -> None:
+    """A Hold whose PATCH landed after its client timed out has no response to attribute
+    its write by; it is checked as that call's write, and an unexplained change is still
+    flagged."""
+    late = Call(0, "hold", 2, 1, 0, 0.0, 1.0, outcome="rejected")
+    late.detail = "update trainjobs j: sent, but no answer within 0.015s; it may still land"
+    events = [
+        _tj_event(1, suspend=False, hold=None, type_="ADDED"),
+        _tj_event(2, suspend=True, hold=2),
+    ]
+    verdict = check_schedule(_plain_plan(True, late), "j", events, [])
+    assert verdict.violations == []
+    answered = Call(0, "hold", 2, 1, 0, 0.0, 1.0, outcome="rejected", detail="refused")
+    verdict = check_schedule(_plain_plan(True, answered), "j", events, [])
+    assert any("non-hold writer" in v for v in verdict.violations), verdict.violations

@@ -579,7 +579,7 @@ async def test_a_write_that_landed_after_its_timeout_loses_no_refusal() -> None:
         for i in range(6):
             sink.offer(record(f"u{i}"))
             await until(lambda: not sink.queued)  # one at a time, as the e2e test sends
-        await until(lambda: client.total() == 6 and not sink.queued)
+        await until(lambda: client.total() == 6 and sink.idle, 60)
     finally:
         await sink.aclose(timeout=5)
     (event,) = client.events.values()
@@ -618,8 +618,8 @@ async def test_property_the_events_never_overcount_and_nothing_is_lost_silently(
         for i in range(refusals):
             sink.offer(record(f"u{i}"))
             await asyncio.sleep(0)
-        await until(lambda: not sink.queued and sink.counts.created + sink.counts.failed > 0)
-        await until(lambda: not sink.queued)
+        await until(lambda: sink.idle and sink.counts.created + sink.counts.failed > 0, 60)
+        await until(lambda: sink.idle, 60)
     finally:
         await sink.aclose(timeout=5)
     shown = client.total()

@@ -375,11 +375,18 @@ def test_holdwarden_serve_runs_the_gate_when_enabled(
             assert time.monotonic() < deadline, "serve's gate never marked the check Ready"
             time.sleep(0.1)
         assert granted_attempt(objects.check(check_name)["message"]) == 1
-        # The gate's metrics are on the enforcer's /metrics.
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=10) as got:
-            scraped = got.read().decode()
+        # The gate's metrics are on the enforcer's /metrics. The counter moves once the
+        # gate's write has returned, which can be a moment after the check reads Ready.
+        mark_ready = 'holdwarden_readmission_reconciles_total{outcome="mark-ready"}'
+        while True:
+            url = f"http://127.0.0.1:{ports[1]}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as got:
+                scraped = got.read().decode()
+            if mark_ready in scraped or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         assert "holdwarden_readmission_leader 1.0" in scraped
-        assert 'holdwarden_readmission_reconciles_total{outcome="mark-ready"} 1.0' in scraped
+        assert f"{mark_ready} 1.0" in scraped  # once: no second Ready
         assert "holdwarden_webhook_reviews_total" in scraped
     finally:
         server.terminate()

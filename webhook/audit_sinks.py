@@ -579,6 +579,12 @@ class EventsSink:
     def queued(self) -> int:
         return len(self.pending)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no write on the wire (a failed write is queued again before
+        this turns true)."""
+        return not self.pending and not self._in_flight
+
     async def _run(self) -> None:
         while True:
             if not self.pending:
