@@ -16,8 +16,9 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,26 @@ def rss_kib(pid: int, field: str = "VmRSS:") -> int:
             if line.startswith(field):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+def run_in_thread(server: EnforcerServer, name: str = "enforcer") -> Callable[[], None]:
+    """Start ``server`` on an event loop in a thread of its own (a failed start is raised
+    here, at most 30 s later); returns how to stop it (drain, then end the loop)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name=name, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+        raise
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+    return stop

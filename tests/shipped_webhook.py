@@ -4,6 +4,7 @@ from the file itself, so they test what is installed, not a copy of it."""
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
@@ -42,3 +43,40 @@ def shipped_namespace_selector(extra_labels: dict[str, str] | None = None) -> di
     if extra_labels:
         selector = dict(selector, matchLabels={**selector.get("matchLabels", {}), **extra_labels})
     return selector
+
+
+def local_webhook(
+    port: int,
+    selector: dict[str, str],
+    *,
+    ca_pem: bytes | None = None,
+    name: str = "holds.holdwarden.io",
+    rules: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One webhook entry as shipped (rules, matchConditions, Fail, 5 s), calling an enforcer
+    on 127.0.0.1:``port``, for namespaces labelled ``selector``; no ``ca_pem``: an empty
+    caBundle (self-managed certificates inject it)."""
+    client: dict[str, Any] = {"url": f"https://127.0.0.1:{port}/validate"}
+    if ca_pem is not None:
+        client["caBundle"] = base64.b64encode(ca_pem).decode()
+    return {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 5,
+        "clientConfig": client,
+        "rules": rules if rules is not None else shipped_rules(),
+        "namespaceSelector": {"matchLabels": dict(selector)},
+        "matchConditions": shipped_match_conditions(),
+    }
+
+
+def local_registration(name: str, *webhooks: dict[str, Any]) -> dict[str, Any]:
+    """A ValidatingWebhookConfiguration ``name`` holding ``webhooks``."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": list(webhooks),
+    }

@@ -10,13 +10,11 @@ holdwarden's log.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
 import ssl
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
@@ -35,6 +33,7 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import EDITOR_USER, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from tests.enforcer_tls import run_in_thread
 from tests.review_samples import review, trainjob
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
@@ -89,35 +88,8 @@ class AuditedCluster(LocalCluster):
 
 
 def serve_in_thread(config: Config, tls: ReloadingTLS) -> tuple[EnforcerServer, Callable[[], None]]:
-    loop = asyncio.new_event_loop()
     server = EnforcerServer(config, tls=tls)
-    started = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(server.start())
-        except BaseException as exc:  # re-raised below
-            failure.append(exc)
-            started.set()
-            return
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, name="enforcer-audit-e2e", daemon=True)
-    thread.start()
-    assert started.wait(30), "the enforcer did not start"
-    if failure:
-        raise failure[0]
-
-    def stop() -> None:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-
-    return server, stop
+    return server, run_in_thread(server, "enforcer-audit-e2e")
 
 
 def wait_for(predicate: Callable[[], Any], why: str) -> Any:

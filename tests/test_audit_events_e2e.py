@@ -12,8 +12,6 @@ answer.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
 import json
 import socket
@@ -35,8 +33,12 @@ from certs.reload import ReloadingTLS
 from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
 from holdwarden.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
 from holdwarden.vocabulary import TRAINJOB
+from tests.enforcer_tls import run_in_thread
 from tests.kustomize_render import render
-from tests.shipped_webhook import shipped_match_conditions, shipped_rules
+from tests.shipped_webhook import (
+    local_registration,
+    local_webhook,
+)
 from tests.test_manifests_render import _wait_allowed
 from tests.test_webhook_e2e import (
     MERGE,
@@ -101,27 +103,9 @@ def hooked_enforcer(
     server, stop = _serve_in_thread_with(config, tls, events)
     token = uuid.uuid4().hex[:12]
     name = f"holdwarden-events-e2e-{token}"
-    body: Any = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [
-            {
-                "name": WEBHOOK_NAME,
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 5,
-                "clientConfig": {
-                    "url": f"https://127.0.0.1:{server.port}/validate",
-                    "caBundle": base64.b64encode(ca.cert_pem).decode(),
-                },
-                "rules": shipped_rules(),
-                "namespaceSelector": {"matchLabels": {LABEL: token}},
-                "matchConditions": shipped_match_conditions(),
-            }
-        ],
-    }
+    body: Any = local_registration(
+        name, local_webhook(server.port, {LABEL: token}, ca_pem=ca.cert_pem, name=WEBHOOK_NAME)
+    )
     with cluster.api_client() as admin:
         registrations = k8s.AdmissionregistrationV1Api(admin)
         registrations.create_validating_webhook_configuration(body)
@@ -138,21 +122,10 @@ def hooked_enforcer(
 def _serve_in_thread_with(
     config: Config, tls: ReloadingTLS, events: KubeEvents
 ) -> tuple[EnforcerServer, Callable[[], None]]:
-    """The enforcer on its own thread and event loop (as tests/test_webhook_e2e.py runs
-    it), with the Events client given; and how to stop it."""
-    loop = asyncio.new_event_loop()
+    """The enforcer on its own thread and event loop, with the Events client given; and
+    how to stop it."""
     server = EnforcerServer(config, tls=tls, events_client=events)
-    thread = threading.Thread(target=loop.run_forever, name="enforcer", daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-
-    def stop() -> None:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-
-    return server, stop
+    return server, run_in_thread(server)
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,12 @@ through serving renewals and CA rotations too.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -39,8 +37,12 @@ from holdwarden.leaderelection import ElectionTiming
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, Annotations
+from tests.enforcer_tls import run_in_thread
 from tests.kustomize_render import render
-from tests.shipped_webhook import shipped_match_conditions, shipped_rules
+from tests.shipped_webhook import (
+    local_registration,
+    local_webhook,
+)
 from webhook.server import EnforcerServer
 
 pytestmark = pytest.mark.controlplane
@@ -63,7 +65,6 @@ def free_port() -> int:
 class Replica:
     server: EnforcerServer
     tls: SelfManagedTLS
-    loop: asyncio.AbstractEventLoop
     port: int
     stop: Callable[[], None]
 
@@ -74,35 +75,9 @@ class Replica:
 def start_replica(config: Config, api: k8s.ApiClient, identity: str) -> Replica:
     """An EnforcerServer in its own thread and event loop, its TLS from SelfManagedTLS."""
     tls = SelfManagedTLS(config, api, identity=identity, timing=FAST_LEASE)
-    loop = asyncio.new_event_loop()
     server = EnforcerServer(config, tls=tls)
-    started = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(server.start())
-        except BaseException as exc:  # reported below
-            failure.append(exc)
-            started.set()
-            return
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, name=f"enforcer-{identity}", daemon=True)
-    thread.start()
-    assert started.wait(30), "the enforcer did not start within 30 s"
-    if failure:
-        raise failure[0]
-
-    def stop() -> None:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-
-    return Replica(server, tls, loop, server.port, stop)
+    stop = run_in_thread(server, f"enforcer-{identity}")
+    return Replica(server, tls, server.port, stop)
 
 
 def settings(namespace: str, token: str, **changes: Any) -> CertificatesConfig:
@@ -131,25 +106,13 @@ def config_for(certs: CertificatesConfig, port: int, work: Path) -> Config:
 
 def webhook_configuration(name: str, token: str, ports: list[int]) -> Any:
     """Webhooks with an empty caBundle, one per port, matching namespaces labelled token."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [
-            {
-                "name": f"holds-{i}.holdwarden.io",
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 5,
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/validate"},
-                "rules": shipped_rules(),
-                "namespaceSelector": {"matchLabels": {LABEL: token}},
-                "matchConditions": shipped_match_conditions(),
-            }
+    return local_registration(
+        name,
+        *(
+            local_webhook(port, {LABEL: token}, name=f"holds-{i}.holdwarden.io")
             for i, port in enumerate(ports)
-        ],
-    }
+        ),
+    )
 
 
 @pytest.fixture

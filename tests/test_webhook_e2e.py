@@ -13,11 +13,8 @@ server-side apply) as the impersonated editor ``alice``, by Kueue and by Trainer
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import copy
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,7 +33,12 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from tests.shipped_webhook import shipped_match_conditions, shipped_rules
+from tests.enforcer_tls import run_in_thread
+from tests.shipped_webhook import (
+    local_registration,
+    local_webhook,
+    shipped_rules,
+)
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
 
@@ -70,35 +72,8 @@ class Enforcer:
 def _serve_in_thread(
     config: Config, tls: ReloadingTLS
 ) -> tuple[EnforcerServer, Callable[[], None]]:
-    loop = asyncio.new_event_loop()
     server = EnforcerServer(config, tls=tls)
-    started = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(server.start())
-        except BaseException as exc:  # reported to the fixture below
-            failure.append(exc)
-            started.set()
-            return
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, name="enforcer", daemon=True)
-    thread.start()
-    started.wait(30)
-    if failure:
-        raise failure[0]
-
-    def stop() -> None:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-
-    return server, stop
+    return server, run_in_thread(server)
 
 
 @pytest.fixture(scope="module")
@@ -122,28 +97,13 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
     vwc_name = f"holdwarden-e2e-{token}"
     # The shipped rules (manifests/webhook.yaml): DELETE for Workloads too.
     rules = shipped_rules()
-    body: Any = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": vwc_name},
-        "webhooks": [
-            {
-                "name": WEBHOOK_NAME,
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 5,
-                "clientConfig": {
-                    "url": f"https://127.0.0.1:{server.port}/validate",
-                    "caBundle": base64.b64encode(ca.cert_pem).decode(),
-                },
-                "rules": rules,
-                "namespaceSelector": {"matchLabels": {E2E_LABEL: token}},
-                # What ships: the apiserver sends only the writes that could break a hold.
-                "matchConditions": shipped_match_conditions(),
-            }
-        ],
-    }
+    # What ships: the apiserver sends only the writes that could break a hold.
+    body: Any = local_registration(
+        vwc_name,
+        local_webhook(
+            server.port, {E2E_LABEL: token}, ca_pem=ca.cert_pem, name=WEBHOOK_NAME, rules=rules
+        ),
+    )
     with cluster.api_client() as admin:
         registrations = k8s.AdmissionregistrationV1Api(admin)
         registrations.create_validating_webhook_configuration(body)
