@@ -26,9 +26,11 @@ after its deadline check's bound, and no write is ever re-sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import ssl
+from collections.abc import Iterator
 from typing import Any, Literal, TypeVar, cast
 
 import aiohttp
@@ -42,12 +44,16 @@ from adapter.core import (
     Clock,
     ConnectionLost,
     DriverError,
+    NextChange,
     NoAnswer,
     NotConnected,
+    OpenWatch,
     Operation,
     RequestHook,
     Send,
     Stepper,
+    WatchFeed,
+    WatchView,
 )
 from adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden import kubeclient
@@ -199,22 +205,34 @@ class AsyncAdapter(AdapterCore):
 
     async def _drive(self, operation: Operation[T]) -> T:
         """Run ``operation``'s steps on this event loop until it returns or raises (the
-        sync driver's loop, with awaits)."""
-        with Stepper(operation) as run:
-            while (step := run.next()) is not None:
-                if isinstance(step, Send):
-                    try:
-                        run.reply(await self._perform(step))
-                    except DriverError as exc:
-                        run.fail(exc)
-                elif isinstance(step, BeforeRequest):
-                    if self._hook is not None:
-                        answer = self._hook(step.req)
-                        if inspect.isawaitable(answer):
-                            await answer
-                else:
-                    await asyncio.sleep(step.seconds)
-            return cast(T, run.result)
+        sync driver's loop, with awaits). Every watch it opened is closed when it ends."""
+        watches: list[_AsyncWatch] = []
+        try:
+            with Stepper(operation) as run:
+                while (step := run.next()) is not None:
+                    if isinstance(step, Send):
+                        try:
+                            run.reply(await self._perform(step))
+                        except DriverError as exc:
+                            run.fail(exc)
+                    elif isinstance(step, BeforeRequest):
+                        if self._hook is not None:
+                            answer = self._hook(step.req)
+                            if inspect.isawaitable(answer):
+                                await answer
+                    elif isinstance(step, OpenWatch):
+                        try:
+                            run.reply(await self._open_stream(step, watches))
+                        except DriverError as exc:
+                            run.fail(exc)
+                    elif isinstance(step, NextChange):
+                        run.reply(await cast(_AsyncWatch, step.watch).next_change(step.wait))
+                    else:
+                        await asyncio.sleep(step.seconds)
+                return cast(T, run.result)
+        finally:
+            for watch in watches:
+                await watch.close()
 
     def _session_for_loop(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -236,26 +254,29 @@ class AsyncAdapter(AdapterCore):
             )
         return self._session
 
+    def _auth_headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Content-Type": content_type} if content_type else {}
+        for auth in self._configuration.auth_settings().values():
+            # Read per request: the configuration's refresh hook renews expiring tokens.
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[str(auth["key"])] = str(auth["value"])
+        return headers
+
     async def _perform(self, step: Send) -> Any:
         """One request on the adapter's session; a non-2xx answer raises
         ``ApiStatusError``, a transport failure its core kind (see the module)."""
         session = self._session_for_loop()
         http = step.http
-        headers = {"Content-Type": http.content_type}
-        for auth in self._configuration.auth_settings().values():
-            # Read per request: the configuration's refresh hook renews expiring tokens.
-            if auth.get("in") == "header" and auth.get("value"):
-                headers[str(auth["key"])] = str(auth["value"])
         data = msgspec.json.encode(http.body) if http.body is not None else None
         progress = _Progress()
-        try:
+        with _transport_errors(progress, step.timeout):
             async with asyncio.timeout(step.timeout):
                 async with session.request(
                     http.method,
                     self._base + http.path,
                     params=list(http.query),
                     data=data,
-                    headers=headers,
+                    headers=self._auth_headers(http.content_type),
                     proxy=self._proxy,
                     server_hostname=self._server_hostname,
                     timeout=aiohttp.ClientTimeout(total=step.timeout),
@@ -263,20 +284,123 @@ class AsyncAdapter(AdapterCore):
                 ) as response:
                     body = await response.read()
                     status, reason = response.status, str(response.reason or "")
-        except aiohttp.ClientConnectorError as exc:
-            raise NotConnected(f"connection refused or failed: {exc}") from exc
-        except TimeoutError as exc:
-            if not progress.sent:
-                raise NotConnected(
-                    f"no connection within the request's timeout ({step.timeout:.3f}s)"
-                ) from exc
-            raise NoAnswer(f"no answer within {step.timeout:.3f}s") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            if not progress.sent:
-                raise NotConnected(f"the request could not be sent: {exc!r}") from exc
-            raise ConnectionLost(repr(exc)) from exc
         if not 200 <= status <= 299:
             raise ApiStatusError(status, reason, body.decode("utf-8", "replace"))
         if not http.decode:
             return None
         return msgspec.json.decode(body)
+
+    async def _open_stream(self, step: OpenWatch, watches: list[_AsyncWatch]) -> _AsyncWatch:
+        """Open the watch and wait (``step.timeout``) for its first event."""
+        session = self._session_for_loop()
+        http = step.http
+        progress = _Progress()
+        with _transport_errors(progress, step.timeout):
+            async with asyncio.timeout(step.timeout):
+                response = await session.request(
+                    http.method,
+                    self._base + http.path,
+                    params=list(http.query),
+                    headers=self._auth_headers(None),
+                    proxy=self._proxy,
+                    server_hostname=self._server_hostname,
+                    timeout=aiohttp.ClientTimeout(
+                        total=None, sock_connect=step.timeout, sock_read=step.lifetime
+                    ),
+                    trace_request_ctx=progress,
+                )
+            if not 200 <= response.status <= 299:
+                async with response:
+                    async with asyncio.timeout(step.timeout):
+                        body = await response.read()
+                raise ApiStatusError(
+                    response.status, str(response.reason or ""), body.decode("utf-8", "replace")
+                )
+        watch = _AsyncWatch(response)
+        watches.append(watch)
+        await watch.wait_first(step.timeout)
+        return watch
+
+
+@contextlib.contextmanager
+def _transport_errors(progress: _Progress, timeout: float) -> Iterator[None]:
+    """aiohttp's failures, sorted into the core's three transport kinds by whether the
+    request's headers were written (``progress.sent``)."""
+    try:
+        yield
+    except aiohttp.ClientConnectorError as exc:
+        raise NotConnected(f"connection refused or failed: {exc}") from exc
+    except TimeoutError as exc:
+        if not progress.sent:
+            raise NotConnected(
+                f"no connection within the request's timeout ({timeout:.3f}s)"
+            ) from exc
+        raise NoAnswer(f"no answer within {timeout:.3f}s") from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        if not progress.sent:
+            raise NotConnected(f"the request could not be sent: {exc!r}") from exc
+        raise ConnectionLost(repr(exc)) from exc
+
+
+class _AsyncWatch:
+    """One open watch stream, read by a task of its own into a ``WatchFeed``; ``close()``
+    cancels the task and closes the response, so a watch never outlives its call."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self._feed = WatchFeed()
+        self._changed = asyncio.Condition()
+        self._task = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        reason = "the API server closed the watch"
+        try:
+            async for chunk in self._response.content.iter_any():
+                async with self._changed:
+                    if self._feed.feed(chunk):
+                        self._changed.notify_all()
+                    if self._feed.ended is not None:
+                        break
+        except asyncio.CancelledError:
+            reason = "closed"
+            raise
+        except Exception as exc:  # any end of the stream just ends the feed
+            reason = f"the watch stream broke: {exc!r}"
+        finally:
+            self._feed.end(reason)
+            if not self._changed.locked():
+                async with self._changed:
+                    self._changed.notify_all()
+
+    async def wait_first(self, timeout: float) -> None:
+        """Return once the first event came; ``NoAnswer``/``ConnectionLost`` otherwise."""
+        async with self._changed:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait_for(
+                        lambda: self._feed.events > 0 or self._feed.ended is not None
+                    )
+            except TimeoutError:
+                pass
+            if self._feed.events == 0:
+                if self._feed.ended is None:
+                    raise NoAnswer(f"the watch sent no event within {timeout:.3f}s")
+                raise ConnectionLost(self._feed.ended)
+
+    async def next_change(self, wait: float) -> WatchView:
+        async with self._changed:
+            seen = self._feed.events
+            try:
+                async with asyncio.timeout(wait):
+                    await self._changed.wait_for(
+                        lambda: self._feed.events > seen or self._feed.ended is not None
+                    )
+            except TimeoutError:
+                pass
+            return self._feed.view(self._feed.events > seen)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # ended either way
+            await self._task
+        self._response.close()

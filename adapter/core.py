@@ -10,7 +10,12 @@ Each operation (Start, Open, Hold, Release, Observe, Preflight) is a generator. 
   into the generator: ``ApiStatusError`` (a non-2xx answer), ``NotConnected`` (no byte was
   sent), ``NoAnswer`` (sent, then timed out), ``ConnectionLost`` (sent, then the connection
   broke).
-- ``Pause(seconds)``: sleep (Start's wait for the Workload).
+- ``Pause(seconds)``: sleep (Start's wait for the Workload, a conflict's backoff).
+- ``OpenWatch(req, http, timeout, lifetime)``: open a watch (a streaming GET) and resume,
+  once its first event (the object's state now) came, with an opaque handle; or throw a
+  ``DriverError`` as for ``Send``. The driver closes every watch when the operation ends.
+- ``NextChange(watch, wait)``: wait up to ``wait`` seconds for an event that arrives after
+  the step began, then resume with the watch's newest ``WatchView`` (fresh or not).
 
 A driver (``adapter.kube.Adapter`` on the kubernetes client, ``adapter.aio.AsyncAdapter``
 on aiohttp) only runs steps: it decides nothing and maps no error. So the deadline checks,
@@ -28,12 +33,16 @@ Invariants kept here (the spec's and issue 11's):
 - A request that could not connect raises ``Unreachable`` (nothing sent); one that was sent
   and timed out or lost its connection says it may still land within ``call_bound``.
 - A call retries at most ``MAX_RETRIES`` (8) times after its first try, then ``Conflict``.
+  A retry reads the object from a watch opened at the first conflict, as soon as the next
+  write of the object arrives (``_read_after_change``); the read is still the object at
+  one resourceVersion, and the write still carries exactly that resourceVersion.
 - In Kueue mode no request the adapter sends writes ``spec.suspend``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import secrets
 import threading
@@ -43,6 +52,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
+
+import msgspec
 
 from adapter import decisions, patches
 from adapter.decisions import Decision, Obj, Outcome
@@ -143,7 +154,94 @@ class Pause:
     seconds: float
 
 
-Step = BeforeRequest | Send | Pause
+@dataclass(frozen=True)
+class OpenWatch:
+    req: Request
+    http: Http
+    timeout: float
+    """Seconds to connect and get the first event (the object's state now)."""
+    lifetime: float
+    """Seconds the stream may stay open at most (the read timeout between its events)."""
+
+
+@dataclass(frozen=True)
+class NextChange:
+    watch: Any
+    """The handle ``OpenWatch`` resumed with."""
+    wait: float
+    """Seconds to wait at most for an event that arrives after this step began."""
+
+
+@dataclass(frozen=True)
+class WatchView:
+    """What a watch said so far: its newest event, and whether one came during the wait."""
+
+    fresh: bool
+    event_type: str | None
+    obj: Obj | None
+    ended: str | None
+    """Why the stream ended (None while it is open)."""
+
+
+WATCH_EVENT_MAX_BYTES = 4 * 1024 * 1024
+"""A longer line is not an event of one object: the feed ends instead of buffering it."""
+
+
+class WatchFeed:
+    """The bytes of one watch stream, parsed: how many object events came, and the newest.
+
+    Pure (no I/O, no lock): a driver feeds it what it reads, under its own lock or loop.
+    It keeps only the newest event's object, so its memory is bounded by one object and
+    ``WATCH_EVENT_MAX_BYTES`` of partial line, however long the stream runs.
+    """
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.newest_type: str | None = None
+        self.newest: Obj | None = None
+        self.ended: str | None = None
+        self._partial = b""
+
+    def feed(self, data: bytes) -> int:
+        """Parse ``data`` (any split of the stream); returns the object events it held."""
+        if self.ended is not None:
+            return 0
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        parsed = 0
+        for line in lines:
+            if line.strip():
+                parsed += self._event(line)
+        if len(self._partial) > WATCH_EVENT_MAX_BYTES:
+            self.end(f"a watch event longer than {WATCH_EVENT_MAX_BYTES} bytes")
+        return parsed
+
+    def _event(self, line: bytes) -> int:
+        try:
+            event = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            self.end("the watch sent a line that is not JSON")
+            return 0
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if kind == "ERROR":
+            message = obj.get("message") if isinstance(obj, dict) else None
+            self.end(f"the watch ended with an error: {message or obj!r}")
+            return 0
+        if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+            self.events += 1
+            self.newest_type, self.newest = str(kind), obj
+            return 1
+        return 0  # BOOKMARK (not asked for) or an unknown type: no state in it
+
+    def end(self, reason: str) -> None:
+        if self.ended is None:
+            self.ended = reason
+
+    def view(self, fresh: bool) -> WatchView:
+        return WatchView(fresh, self.newest_type, self.newest, self.ended)
+
+
+Step = BeforeRequest | Send | Pause | OpenWatch | NextChange
 Operation = Generator[Step, Any, T]
 
 
@@ -238,6 +336,10 @@ def error_for(exc: ApiStatusError, what: str) -> AdapterError:
 
 CONFLICT_BACKOFF_BASE_S = 0.002
 CONFLICT_BACKOFF_CAP_S = 0.025
+CHANGE_WAIT_S = 0.05
+"""After a conflict, how long a retry waits for the object's next write (on its watch)
+before it decides on the newest state it has: a writer at 20 Hz or faster is caught."""
+WATCH_LIFETIME_CAP_S = 60
 
 
 def conflict_backoff(attempt: int, draw: float) -> float:
@@ -272,6 +374,16 @@ def _custom_path(resource: Resource, namespace: str | None, name: str = "") -> s
 
 class _ConflictError(Exception):
     """A write met a resourceVersion conflict (HTTP 409)."""
+
+
+class _Follow:
+    """One call's watch of the object it writes, for its retries (see _read_after_change)."""
+
+    __slots__ = ("unusable", "watch")
+
+    def __init__(self) -> None:
+        self.watch: Any = None
+        self.unusable = False
 
 
 class AdapterCore:
@@ -565,15 +677,29 @@ class AdapterCore:
         read and decide again, at most ``1 + MAX_RETRIES`` tries in all.
 
         Invariant: every write carries the resourceVersion of the very read it was decided
-        on, so a write decided on a stale object can never land. Before each retry it
-        pauses ``conflict_backoff`` (skipped when the pause would reach the deadline).
+        on, so a write decided on a stale object can never land.
+
+        How a retry reads: from a watch on the object, opened at the first conflict, as
+        soon as the object's next write arrives (``_read_after_change``). Why: the writers
+        that beat a call are status writers, often periodic, and the window a write must
+        fit in runs from its read to the API server's commit (tens of milliseconds on a
+        busy node). A read taken the moment a write arrived has the whole gap to the next
+        one; a GET at a random moment has on average half of it, so under a 50 Hz writer
+        most GET-based tries lost. When the watch cannot serve (not allowed, ended, the
+        object replaced), the retry pauses ``conflict_backoff`` and reads as the first try.
         """
+        follow = _Follow()
+        conflicted: Obj | None = None
         for attempt in range(1 + MAX_RETRIES):
-            if attempt:
-                pause = conflict_backoff(attempt, self._random.random())
-                if self._clock() + timedelta(seconds=pause) < deadline:
-                    yield Pause(pause)
-            obj = yield from read()
+            obj: Obj | None = None
+            if conflicted is not None:
+                obj = yield from self._read_after_change(resource, conflicted, follow, deadline)
+                if obj is None:
+                    pause = conflict_backoff(attempt, self._random.random())
+                    if self._clock() + timedelta(seconds=pause) < deadline:
+                        yield Pause(pause)
+            if obj is None:
+                obj = yield from read()
             decision = yield from decide(obj)
             if decision.outcome is not Outcome.WRITE:
                 self._settle(decision, what)
@@ -582,9 +708,85 @@ class AdapterCore:
                 yield from self._write(resource, obj, decision, deadline, what)
                 return
             except _ConflictError:
+                conflicted = obj
                 if on_conflict is not None:
                     on_conflict(obj)
         raise Conflict(f"{what}: {1 + MAX_RETRIES} tries met conflicts")
+
+    def _read_after_change(
+        self, resource: Resource, conflicted: Obj, follow: _Follow, deadline: datetime
+    ) -> Operation[Obj | None]:
+        """The object for a retry after ``conflicted`` met a conflict: from the call's
+        watch (opened now if this is the first conflict), the first write that arrives
+        within ``CHANGE_WAIT_S``, else the newest state the watch has. None when the watch
+        cannot serve this retry: the caller then reads with its own GETs.
+
+        Invariant: what it returns is the object exactly as the API server sent it at one
+        resourceVersion, newer than ``conflicted``'s, with the same uid and
+        ownerReferences, not being deleted; anything else (deleted, replaced, re-owned,
+        not yet moved on) goes to the caller's read, which knows what each case means.
+        """
+        if follow.unusable:
+            return None
+        remaining = (deadline - self._clock()).total_seconds()
+        if remaining <= 2 * CHANGE_WAIT_S:
+            return None  # no time to wait for a write: a GET is the quickest read
+        if follow.watch is None:
+            follow.watch = yield from self._open_watch(resource, conflicted, deadline)
+            if follow.watch is None:
+                follow.unusable = True
+                return None
+        view: WatchView = yield NextChange(follow.watch, CHANGE_WAIT_S)
+        obj = view.obj
+        if view.ended is not None or obj is None or view.event_type == "DELETED":
+            follow.unusable = True
+            return None
+        was, now = conflicted.get("metadata") or {}, obj.get("metadata") or {}
+        if (
+            now.get("uid") != was.get("uid")
+            or now.get("ownerReferences") != was.get("ownerReferences")
+            or now.get("deletionTimestamp") is not None
+        ):
+            follow.unusable = True
+            return None
+        if now.get("resourceVersion") == was.get("resourceVersion"):
+            return None  # the watch has not seen the write that beat us yet
+        obj.setdefault("apiVersion", resource.api_version)
+        obj.setdefault("kind", resource.kind)
+        return obj
+
+    def _open_watch(
+        self, resource: Resource, conflicted: Obj, deadline: datetime
+    ) -> Operation[Any]:
+        """Open a watch of the one object ``conflicted`` is (field selector on its name),
+        from its current state, living at most until the deadline; None if the API server
+        would not serve one (e.g. no ``watch`` right: the retries then use GETs). The
+        deadline is checked before it is sent, as for every request."""
+        meta = conflicted["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        req = Request("watch", resource.plural, namespace, name)
+        yield BeforeRequest(req)
+        remaining = (deadline - self._clock()).total_seconds()
+        if remaining <= 0:
+            raise DeadlinePassed(f"deadline passed before watch {resource.plural} {name}: not sent")
+        lifetime = min(math.ceil(remaining), WATCH_LIFETIME_CAP_S)
+        http = Http(
+            "GET",
+            _custom_path(resource, namespace),
+            query=(
+                ("watch", "true"),
+                ("fieldSelector", f"metadata.name={name}"),
+                ("timeoutSeconds", str(lifetime)),
+            ),
+        )
+        timeout = min(self.config.apiserver_request_timeout.total_seconds(), remaining)
+        with self._lock:
+            self._request_count += 1
+            self.request_log.append(replace(req, timeout=timeout))
+        try:
+            return (yield OpenWatch(req, http, max(timeout, 0.001), lifetime + 1.0))
+        except DriverError:
+            return None
 
     def _held_reader(
         self, ref: Ref, deadline: datetime, what: str

@@ -17,8 +17,11 @@ headers (impersonation) and the transport are the client's own (``param_serializ
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Literal, TypeVar, cast
 
 import msgspec
@@ -37,13 +40,17 @@ from adapter.core import (
     Clock,
     ConnectionLost,
     DriverError,
+    NextChange,
     NoAnswer,
     NotConnected,
+    OpenWatch,
     Operation,
     Request,
     RequestHook,
     Send,
     Stepper,
+    WatchFeed,
+    WatchView,
 )
 from adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden import kubeclient
@@ -138,22 +145,57 @@ class Adapter(AdapterCore):
     def _drive(self, operation: Operation[T]) -> T:
         """Run ``operation``'s steps on this thread until it returns or raises.
 
-        A transport failure of a ``Send`` is thrown into the operation (which maps it); an
-        exception of the hook propagates to the caller as it is.
+        A transport failure of a ``Send`` or ``OpenWatch`` is thrown into the operation
+        (which maps it); an exception of the hook propagates to the caller as it is. Every
+        watch the operation opened is closed when it ends, however it ends.
         """
-        with Stepper(operation) as run:
-            while (step := run.next()) is not None:
-                if isinstance(step, Send):
-                    try:
-                        run.reply(self._perform(step))
-                    except DriverError as exc:
-                        run.fail(exc)
-                elif isinstance(step, BeforeRequest):
-                    if self._hook is not None:
-                        self._hook(step.req)
-                else:
-                    time.sleep(step.seconds)
-            return cast(T, run.result)
+        watches: list[_SyncWatch] = []
+        try:
+            with Stepper(operation) as run:
+                while (step := run.next()) is not None:
+                    if isinstance(step, Send):
+                        try:
+                            run.reply(self._perform(step))
+                        except DriverError as exc:
+                            run.fail(exc)
+                    elif isinstance(step, BeforeRequest):
+                        if self._hook is not None:
+                            self._hook(step.req)
+                    elif isinstance(step, OpenWatch):
+                        try:
+                            run.reply(self._open_stream(step, watches))
+                        except DriverError as exc:
+                            run.fail(exc)
+                    elif isinstance(step, NextChange):
+                        run.reply(cast(_SyncWatch, step.watch).next_change(step.wait))
+                    else:
+                        time.sleep(step.seconds)
+                return cast(T, run.result)
+        finally:
+            for watch in watches:
+                watch.close()
+
+    def _open_stream(self, step: OpenWatch, watches: list[_SyncWatch]) -> _SyncWatch:
+        """Open the watch and wait (``step.timeout``) for its first event."""
+        http = step.http
+        request = self._api.param_serialize(
+            http.method,
+            http.path,
+            query_params=list(http.query) or None,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        with _transport_errors():
+            response = self._api.call_api(*request, _request_timeout=(step.timeout, step.lifetime))
+        if not 200 <= response.status <= 299:
+            with _transport_errors():
+                data = response.read()  # type: ignore[no-untyped-call]
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+            raise ApiStatusError(response.status, str(response.reason or ""), text)
+        watch = _SyncWatch(response.response)
+        watches.append(watch)
+        watch.wait_first(step.timeout)
+        return watch
 
     def _perform(self, step: Send) -> Any:
         """One request through the adapter's client, without the generated API layer; a
@@ -167,27 +209,90 @@ class Adapter(AdapterCore):
             body=http.body,
             auth_settings=["BearerToken"],
         )
-        try:
+        with _transport_errors():
             response = self._api.call_api(*request, _request_timeout=step.timeout)
             data = response.read()  # type: ignore[no-untyped-call]
-        except (
-            urllib3.exceptions.NewConnectionError,
-            urllib3.exceptions.ConnectTimeoutError,
-        ) as exc:
-            # Before urllib3's TimeoutError: in urllib3 2.x NewConnectionError (refused,
-            # unresolvable) IS a ConnectTimeoutError, a TimeoutError. Either way no
-            # connection was made, so no byte of this request reached the API server.
-            raise NotConnected(_connect_failure(exc)) from exc
-        except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
-            raise NoAnswer(str(exc)) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ConnectionLost(str(exc)) from exc
         if not 200 <= response.status <= 299:
             text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
             raise ApiStatusError(response.status, str(response.reason or ""), text)
         if not http.decode:
             return None
         return msgspec.json.decode(data)
+
+
+@contextlib.contextmanager
+def _transport_errors() -> Iterator[None]:
+    """urllib3's failures, sorted into the core's three transport kinds."""
+    try:
+        yield
+    except (
+        urllib3.exceptions.NewConnectionError,
+        urllib3.exceptions.ConnectTimeoutError,
+    ) as exc:
+        # Before urllib3's TimeoutError: in urllib3 2.x NewConnectionError (refused,
+        # unresolvable) IS a ConnectTimeoutError, a TimeoutError. Either way no
+        # connection was made, so no byte of this request reached the API server.
+        raise NotConnected(_connect_failure(exc)) from exc
+    except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
+        raise NoAnswer(str(exc)) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ConnectionLost(str(exc)) from exc
+
+
+class _SyncWatch:
+    """One open watch stream, read by a thread of its own into a ``WatchFeed``.
+
+    The thread only parses; the operation's thread waits on the condition. ``close()``
+    shuts the socket down (which ends a read blocked in the thread) and joins the thread,
+    so a watch never outlives the call that opened it.
+    """
+
+    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
+        self._response = response
+        self._feed = WatchFeed()
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, name="holdwarden-watch", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        reason = "the API server closed the watch"
+        try:
+            for chunk in self._response.stream(64 * 1024, decode_content=True):
+                with self._changed:
+                    if self._feed.feed(chunk):
+                        self._changed.notify_all()
+                    if self._feed.ended is not None:
+                        break
+        except Exception as exc:  # any end of the stream just ends the feed
+            reason = f"the watch stream broke: {exc!r}"
+        with self._changed:
+            self._feed.end(reason)
+            self._changed.notify_all()
+
+    def wait_first(self, timeout: float) -> None:
+        """Return once the first event came; ``NoAnswer``/``ConnectionLost`` otherwise."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._feed.events > 0 or self._feed.ended is not None, timeout
+            )
+            if self._feed.events == 0:
+                if self._feed.ended is None:
+                    raise NoAnswer(f"the watch sent no event within {timeout:.3f}s")
+                raise ConnectionLost(self._feed.ended)
+
+    def next_change(self, wait: float) -> WatchView:
+        with self._changed:
+            seen = self._feed.events
+            fresh = self._changed.wait_for(
+                lambda: self._feed.events > seen or self._feed.ended is not None, wait
+            )
+            return self._feed.view(fresh and self._feed.events > seen)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # already closed: nothing to shut down
+            self._response.shutdown()
+        self._response.close()
+        self._thread.join(timeout=5)
 
 
 def _own_client(api_client: k8s.ApiClient | None) -> k8s.ApiClient:

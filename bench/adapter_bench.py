@@ -382,7 +382,11 @@ def storm_run(
     conflicts = s_hold.conflicts + s_release.conflicts
     retries = sum(k * v for k, v in conflicts.items())
     rate = 100.0 * (total - failed) / total
-    errors = dict(s_hold.errors + s_release.errors) or "none"
+    errors = (
+        f"Hold {dict(s_hold.errors) or 'none'}, Release {dict(s_release.errors) or 'none'}"
+        if s_hold.errors or s_release.errors
+        else "none"
+    )
     line = (
         f"{hz:.0f} Hz ({storm.writes / storm.elapsed:.1f} writes/s): {total - failed}/{total}"
         f" calls succeeded ({rate:.1f}%), 409s {retries}, errors {errors};"

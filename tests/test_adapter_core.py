@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapter.core import (
+    CHANGE_WAIT_S,
     CONFLICT_BACKOFF_CAP_S,
     MAX_RETRIES,
     AdapterCore,
@@ -25,12 +26,16 @@ from adapter.core import (
     BeforeRequest,
     ConnectionLost,
     DriverError,
+    NextChange,
     NoAnswer,
     NotConnected,
+    OpenWatch,
     Operation,
     Pause,
     Send,
     Stepper,
+    WatchFeed,
+    WatchView,
     conflict_backoff,
 )
 from adapter.errors import (
@@ -90,20 +95,28 @@ Answer = Any | DriverError
 """What the script answers a Send with: a decoded body, or a failure to throw in."""
 
 
-def drive(operation: Operation[Any], answer: Callable[[Send], Answer]) -> list[Any]:
+def drive(
+    operation: Operation[Any],
+    answer: Callable[[Send], Answer],
+    watch: Callable[[OpenWatch | NextChange], Answer] | None = None,
+) -> list[Any]:
     """Run ``operation`` to its end with the drivers' ``Stepper``; returns the steps it
-    yielded and, last, its result (or the adapter error it raised)."""
+    yielded and, last, its result (or the adapter error it raised). ``watch`` answers
+    ``OpenWatch`` and ``NextChange``; without it a watch cannot be opened (a 403)."""
     steps: list[Any] = []
     with Stepper(operation) as run:
         try:
             while (step := run.next()) is not None:
                 steps.append(step)
+                got: Answer = None
                 if isinstance(step, Send):
                     got = answer(step)
-                    if isinstance(got, DriverError):
-                        run.fail(got)
-                    else:
-                        run.reply(got)
+                elif isinstance(step, OpenWatch | NextChange):
+                    got = watch(step) if watch else ApiStatusError(403, "Forbidden", "{}")
+                if isinstance(got, DriverError):
+                    run.fail(got)
+                else:
+                    run.reply(got)
         except AdapterError as exc:
             return [*steps, exc]
         return [*steps, run.result]
@@ -220,3 +233,239 @@ def test_conflict_backoff_is_bounded_and_grows_with_the_attempt(attempt: int, dr
     pause = conflict_backoff(attempt, draw)
     assert 0 <= pause <= CONFLICT_BACKOFF_CAP_S
     assert pause <= conflict_backoff(attempt + 1, draw) + 1e-12
+
+
+# ---- retries read from a watch --------------------------------------------------------
+
+
+def watch_serving(*views: WatchView) -> Callable[[OpenWatch | NextChange], Answer]:
+    """A watch that opens, then answers each NextChange with the next of ``views``."""
+    queue = list(views)
+
+    def answer(step: OpenWatch | NextChange) -> Answer:
+        if isinstance(step, OpenWatch):
+            return "handle"
+        assert step.watch == "handle" and step.wait == CHANGE_WAIT_S
+        return queue.pop(0)
+
+    return answer
+
+
+def sends(steps: list[Any], method: str) -> list[Send]:
+    return [s for s in steps if isinstance(s, Send) and s.http.method == method]
+
+
+def written_versions(steps: list[Any]) -> list[str]:
+    """The resourceVersion each PATCH was preconditioned on, in order."""
+    return [str((p.http.body or {})["metadata"]["resourceVersion"]) for p in sends(steps, "PATCH")]
+
+
+def test_a_retry_reads_the_object_from_a_watch_opened_at_the_first_conflict() -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    tries = iter([conflict(), conflict(), None])
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        lambda send: trainjob("5") if send.http.method == "GET" else next(tries),
+        watch_serving(
+            WatchView(True, "MODIFIED", trainjob("6"), None),
+            WatchView(False, "MODIFIED", trainjob("7"), None),  # no write came: the newest
+        ),
+    )
+    assert steps[-1] is None, steps[-1]
+    # One GET (the first try), one watch for the call, three writes: each carries the
+    # resourceVersion of the very state it was decided on.
+    assert len(sends(steps, "GET")) == 1
+    opened = [s for s in steps if isinstance(s, OpenWatch)]
+    assert len(opened) == 1 and not [s for s in steps if isinstance(s, Pause)]
+    query = dict(opened[0].http.query)
+    assert query["watch"] == "true" and query["fieldSelector"] == f"metadata.name={REF.name}"
+    assert opened[0].http.path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"
+    assert 1 <= int(query["timeoutSeconds"]) <= 10  # lives no longer than the call
+    assert written_versions(steps) == [
+        "5",
+        "6",
+        "7",
+    ]
+    assert [r.verb for r in core.request_log] == ["get", "update", "watch", "update", "update"]
+    # The watch is a request like any other: the hook sees it before it is sent.
+    assert isinstance(steps[steps.index(opened[0]) - 1], BeforeRequest)
+
+
+@pytest.mark.parametrize(
+    ("view", "why"),
+    [
+        (WatchView(True, "DELETED", trainjob("6"), None), "deleted"),
+        (
+            WatchView(
+                True,
+                "MODIFIED",
+                {**trainjob("6"), "metadata": {**trainjob("6")["metadata"], "uid": "u-2"}},
+                None,
+            ),
+            "replaced",
+        ),
+        (
+            WatchView(
+                True,
+                "MODIFIED",
+                {
+                    **trainjob("6"),
+                    "metadata": {
+                        **trainjob("6")["metadata"],
+                        "deletionTimestamp": "2026-12-03T12:00:00Z",
+                    },
+                },
+                None,
+            ),
+            "being deleted",
+        ),
+        (
+            WatchView(
+                True,
+                "MODIFIED",
+                {
+                    **trainjob("6"),
+                    "metadata": {**trainjob("6")["metadata"], "ownerReferences": [{"uid": "x"}]},
+                },
+                None,
+            ),
+            "re-owned",
+        ),
+        (
+            WatchView(False, "MODIFIED", trainjob("6"), "the watch ended with an error: gone"),
+            "ended",
+        ),
+        (WatchView(False, None, None, None), "empty"),
+    ],
+)
+def test_a_watch_that_cannot_serve_falls_back_to_a_paused_get(view: WatchView, why: str) -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    tries = iter([conflict(), conflict(), None])
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        lambda send: trainjob("5") if send.http.method == "GET" else next(tries),
+        watch_serving(view),
+    )
+    assert steps[-1] is None, (why, steps[-1])
+    # Each retry after the watch failed reads with a GET after a pause; the watch is not
+    # asked again in this call.
+    assert len([s for s in steps if isinstance(s, OpenWatch)]) == 1
+    assert len([s for s in steps if isinstance(s, NextChange)]) == 1
+    assert len(sends(steps, "GET")) == 3 and len([s for s in steps if isinstance(s, Pause)]) == 2
+
+
+def test_a_watch_not_yet_past_the_conflicted_read_is_not_decided_on() -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    tries = iter([conflict(), None])
+    versions = iter(["5", "6"])
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        lambda send: trainjob(next(versions)) if send.http.method == "GET" else next(tries),
+        watch_serving(WatchView(False, "MODIFIED", trainjob("5"), None)),
+    )
+    assert steps[-1] is None
+    # The watch still showed resourceVersion 5 (the write that beat us not seen yet): a
+    # write on it would certainly conflict, so the retry read with a GET instead.
+    assert written_versions(steps) == [
+        "5",
+        "6",
+    ]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [ApiStatusError(403, "Forbidden", "{}"), NoAnswer("t"), NotConnected("x"), ConnectionLost("r")],
+)
+def test_a_watch_refused_or_unanswered_falls_back_and_the_call_still_ends(
+    failure: DriverError,
+) -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    tries = iter([conflict(), None])
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        lambda send: trainjob("5") if send.http.method == "GET" else next(tries),
+        lambda step: failure,
+    )
+    assert steps[-1] is None, (failure, steps[-1])
+    assert len(sends(steps, "GET")) == 2 and len(sends(steps, "PATCH")) == 2
+
+
+def test_no_watch_is_opened_without_time_to_wait_for_a_write() -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=2 * CHANGE_WAIT_S), 1), "r"),
+        lambda send: trainjob() if send.http.method == "GET" else conflict(),
+        watch_serving(),
+    )
+    assert isinstance(steps[-1], Conflict)
+    assert not [s for s in steps if isinstance(s, OpenWatch | NextChange)]
+
+
+def test_the_deadline_is_checked_before_the_watch_is_sent() -> None:
+    clock = Clock()
+    core = plain_core(clock)
+
+    def answer(send: Send) -> Answer:
+        if send.http.method == "GET":
+            return trainjob()
+        clock.now = NOW + timedelta(seconds=11)  # the 409 came after the deadline
+        return conflict()
+
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), answer, watch_serving()
+    )
+    assert isinstance(steps[-1], DeadlinePassed)
+    assert not [s for s in steps if isinstance(s, OpenWatch)]
+
+
+# ---- the watch feed ---------------------------------------------------------------------
+
+
+def event(kind: str, rv: str) -> bytes:
+    return json.dumps({"type": kind, "object": trainjob(rv)}).encode() + b"\n"
+
+
+def test_the_feed_keeps_the_newest_object_event_and_counts_them() -> None:
+    feed = WatchFeed()
+    assert feed.feed(event("ADDED", "1") + event("MODIFIED", "2")) == 2
+    assert feed.feed(b'{"type": "BOOKMARK", "object": {"metadata": {}}}\n') == 0
+    assert feed.events == 2 and feed.newest_type == "MODIFIED"
+    assert feed.newest is not None and feed.newest["metadata"]["resourceVersion"] == "2"
+    assert feed.ended is None
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (
+            b'{"type": "ERROR", "object": {"message": "too old resource version"}}\n',
+            "too old resource version",
+        ),
+        (b"<html>\n", "not JSON"),
+        (b"x" * (4 * 1024 * 1024 + 1), "longer than"),
+    ],
+)
+def test_the_feed_ends_on_an_error_event_garbage_or_a_huge_line(data: bytes, words: str) -> None:
+    feed = WatchFeed()
+    feed.feed(event("ADDED", "1"))
+    feed.feed(data)
+    assert feed.ended is not None and words in feed.ended
+    assert feed.feed(event("MODIFIED", "9")) == 0  # nothing after the end counts
+    assert feed.newest is not None and feed.newest["metadata"]["resourceVersion"] == "1"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=400), max_size=12))
+def test_property_the_feed_parses_the_same_events_however_the_stream_is_split(
+    cuts: list[int],
+) -> None:
+    stream = b"".join(event(k, str(i)) for i, k in enumerate(["ADDED", "MODIFIED", "DELETED"]))
+    feed = WatchFeed()
+    offsets = sorted({min(c, len(stream)) for c in cuts})
+    pieces = [stream[a:b] for a, b in zip([0, *offsets], [*offsets, len(stream)], strict=True)]
+    assert sum(feed.feed(piece) for piece in pieces) == 3
+    assert feed.events == 3 and feed.newest_type == "DELETED" and feed.ended is None

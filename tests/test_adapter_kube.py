@@ -725,6 +725,132 @@ def test_eight_retries_then_conflict(
     assert hold_annotations(kc.workload(wl_name)) == {}
 
 
+def watch_streams_open() -> int:
+    """Watch readers of the sync driver still running (threads named holdwarden-watch)."""
+    return sum(1 for t in threading.enumerate() if t.name == "holdwarden-watch")
+
+
+def test_a_retry_reads_from_a_watch_that_ends_with_the_call(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    """After a conflict the retry decides on the Workload as its watch delivers it (no GET
+    of the TrainJob or the Workload again), and the write carries that state's
+    resourceVersion; the watch is closed when the call returns."""
+    ref, wl_name = kueue_job
+    warm = make(cluster, supervisor_client, "kueue")
+    warm.hold(ref, meta(1), "warm")  # the lazy preflight and discovery, out of the way
+    warm.release(ref, meta(1))
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(lambda: kc.bump_workload_status(wl_name), times=1),
+    )
+    adapter._preflights.update(warm._preflights)
+    adapter._workloads.update(warm._workloads)
+    adapter.hold(ref, meta(2), "r")
+    assert [(r.verb, r.resource) for r in adapter.request_log] == [
+        ("get", TRAINJOB.plural),
+        ("get", WORKLOAD.plural),
+        ("update", WORKLOAD.plural),
+        ("watch", WORKLOAD.plural),
+        ("update", WORKLOAD.plural),
+    ]
+    wl = kc.workload(wl_name)
+    assert wl["spec"]["active"] is False and hold_annotations(wl)[A.hold_instance] == "2"
+    # The bump the retry was decided on is still there: nothing of it was overwritten.
+    assert any(c["type"] == "QuotaReserved" for c in wl["status"]["conditions"])
+    deadline = time.monotonic() + 10
+    while watch_streams_open() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watch_streams_open() == 0
+
+
+def test_a_retry_decides_on_the_write_its_watch_delivers(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster, kueue_job: tuple[Ref, str]
+) -> None:
+    """A write that comes while the retry waits on the watch is the state it decides on:
+    the write after it is preconditioned on that write's resourceVersion and lands."""
+    ref, wl_name = kueue_job
+    writer_done = threading.Event()
+
+    def bump_then_bump_again_soon() -> None:
+        kc.bump_workload_status(wl_name)  # makes the first try conflict
+
+        def later() -> None:
+            time.sleep(0.01)  # while the retry waits for the next write
+            kc.bump_workload_status(wl_name)
+            writer_done.set()
+
+        threading.Thread(target=later, daemon=True).start()
+
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "kueue",
+        before_request=interleave(bump_then_bump_again_soon, times=1),
+    )
+    adapter.hold(ref, meta(1), "r")
+    assert writer_done.wait(10)
+    assert hold_annotations(kc.workload(wl_name))[A.hold_instance] == "1"
+    verbs = [r.verb for r in adapter.request_log if r.resource == WORKLOAD.plural]
+    # One watch at most for the whole call; every retry after it read from it (the second
+    # bump may land before or after the watch opened: either way no GET of the Workload).
+    assert verbs.count("watch") == 1
+    assert verbs[verbs.index("watch") :].count("get") == 0
+
+
+def test_without_the_watch_right_retries_read_with_gets(
+    cluster: LocalCluster, admin_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """A supervisor bound to a role without ``watch`` (an older install) still retries,
+    with a paused GET per retry, as before watches were used."""
+    user = f"nowatch-{uuid.uuid4().hex[:6]}"
+    rbac: Any = k8s.RbacAuthorizationV1Api(admin_client)
+    rbac.create_namespaced_role(
+        kc.ns,
+        {
+            "metadata": {"name": user},
+            "rules": [
+                {
+                    "apiGroups": [TRAINJOB.group],
+                    "resources": ["trainjobs"],
+                    "verbs": ["get", "patch", "update"],
+                }
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        kc.ns,
+        {
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    api = cluster.api_client(user)
+    try:
+        config = Config(
+            mode="plain", holder=HOLDER, apiserver_request_timeout=cluster.request_timeout
+        )
+        adapter = make_with(
+            config,
+            api,
+            lazy_preflight="access",
+            before_request=interleave(lambda: kc.bump_trainjob("job"), times=2),
+        )
+        adapter.hold(ref, meta(1), "r")
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    assert hold_annotations(kc.trainjob("job"))[A.hold_instance] == "1"
+    verbs = [r.verb for r in adapter.request_log if r.resource == "trainjobs"]
+    # The first read twice (the lazy access check ran between: the decision is made on a
+    # fresh read), one watch tried (refused: 403), then each retry a GET.
+    assert verbs == ["get", "get", "update", "watch", "get", "update", "get", "update"]
+
+
 def test_plain_conflict_retries_then_conflict(
     cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
 ) -> None:

@@ -26,6 +26,7 @@ from adapter import kube as adapter_kube
 from adapter.errors import NotFound
 from holdwarden.config import Config
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
 from tests.kustomize_render import render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -405,6 +406,48 @@ def test_supervisor_roles_are_enough_for_preflight(
     for cap in caps.values():
         assert "forbidden" not in cap.reason.lower(), cap.reason
         assert "could not" not in cap.reason, cap.reason
+
+
+@pytest.mark.controlplane
+def test_supervisor_role_lets_a_conflicted_call_retry_from_a_watch(
+    cluster: LocalCluster, admin_client: k8s.ApiClient, namespace: str, roles: None
+) -> None:
+    """The shipped role grants what a retry after a conflict reads with: the call's
+    retries come from its watch (no GET after it), and the hold lands."""
+    user = f"test-supervisor-{uuid.uuid4().hex[:8]}"
+    _bind(cluster, admin_client, user, "holdwarden-supervisor", namespace)
+    _bind(cluster, admin_client, user, "holdwarden-supervisor-cluster", None)
+    custom: Any = k8s.CustomObjectsApi(admin_client)
+    coords = ("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs")
+    custom.create_namespaced_custom_object(*coords, trainjob_body("job", suspend=True))
+
+    def touch(req: adapter_kube.Request) -> None:
+        if req.verb == "update" and not touched:  # between the first read and its write
+            touched.append(1)
+            custom.patch_namespaced_custom_object(
+                *coords, "job", {"metadata": {"labels": {"touched": "yes"}}}
+            )
+
+    touched: list[int] = []
+    api = cluster.api_client(user)
+    try:
+        _wait_allowed(cluster, api, namespace, "watch", "trainjobs.trainer.kubeflow.org")
+        adapter = Adapter(
+            Config.from_dict({"mode": "plain"}), api, lazy_preflight="access", before_request=touch
+        )
+        try:
+            adapter.hold(
+                Ref(namespace, "job"), CallMeta(datetime.now(UTC) + timedelta(seconds=20), 1), "r"
+            )
+        finally:
+            adapter.close()
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    verbs = [r.verb for r in adapter.request_log if r.resource == "trainjobs"]
+    assert verbs[-3:] == ["update", "watch", "update"], verbs
+    assert _may(cluster, cluster.api_client(user), namespace, "watch", "workloads.kueue.x-k8s.io")
+    held = custom.get_namespaced_custom_object(*coords, "job")
+    assert held["spec"]["suspend"] is True and held["metadata"]["labels"]["touched"] == "yes"
 
 
 @pytest.mark.controlplane
