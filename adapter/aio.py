@@ -51,6 +51,7 @@ from adapter.core import (
     Operation,
     RequestHook,
     Send,
+    SendAll,
     Stepper,
     WatchFeed,
     WatchView,
@@ -227,6 +228,10 @@ class AsyncAdapter(AdapterCore):
                             run.fail(exc)
                     elif isinstance(step, NextChange):
                         run.reply(await cast(_AsyncWatch, step.watch).next_change(step.wait))
+                    elif isinstance(step, SendAll):
+                        run.reply(
+                            tuple(await asyncio.gather(*map(self._perform_caught, step.sends)))
+                        )
                     else:
                         await asyncio.sleep(step.seconds)
                 return cast(T, run.result)
@@ -289,6 +294,12 @@ class AsyncAdapter(AdapterCore):
         if not http.decode:
             return None
         return msgspec.json.decode(body)
+
+    async def _perform_caught(self, step: Send) -> Any:
+        try:
+            return await self._perform(step)
+        except DriverError as exc:
+            return exc
 
     async def _open_stream(self, step: OpenWatch, watches: list[_AsyncWatch]) -> _AsyncWatch:
         """Open the watch and wait (``step.timeout``) for its first event."""

@@ -10,6 +10,9 @@ Each operation (Start, Open, Hold, Release, Observe, Preflight) is a generator. 
   into the generator: ``ApiStatusError`` (a non-2xx answer), ``NotConnected`` (no byte was
   sent), ``NoAnswer`` (sent, then timed out), ``ConnectionLost`` (sent, then the connection
   broke).
+- ``SendAll(sends)``: send several requests at once and resume with a tuple of their
+  answers, each a decoded body or the ``DriverError`` it met (a Kueue-mode read sends its
+  two GETs so).
 - ``Pause(seconds)``: sleep (Start's wait for the Workload, a conflict's backoff).
 - ``OpenWatch(req, http, timeout, lifetime)``: open a watch (a streaming GET) and resume,
   once its first event (the object's state now) came, with an opaque handle; or throw a
@@ -155,6 +158,14 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class SendAll:
+    """Send these requests at once (concurrently); resume with a tuple holding, for each
+    in order, its decoded answer or the ``DriverError`` it met (never thrown in)."""
+
+    sends: tuple[Send, ...]
+
+
+@dataclass(frozen=True)
 class OpenWatch:
     req: Request
     http: Http
@@ -241,7 +252,7 @@ class WatchFeed:
         return WatchView(fresh, self.newest_type, self.newest, self.ended)
 
 
-Step = BeforeRequest | Send | Pause | OpenWatch | NextChange
+Step = BeforeRequest | Send | SendAll | Pause | OpenWatch | NextChange
 Operation = Generator[Step, Any, T]
 
 
@@ -821,17 +832,61 @@ class AdapterCore:
         """Read the held object: the Workload (Kueue mode) or the TrainJob (plain mode)."""
         if self.mode == "plain":
             return (yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, what))
-        # The TrainJob is read first, every time: only its uid *now* tells whether the
+        # The TrainJob is read too, every time: only its uid *now* tells whether the
         # cached Workload still belongs to it. A TrainJob deleted and started again under
         # the same name has a new uid, and until the garbage collector removes the old
         # Workload, trusting the cache would hold the dead job's Workload while the new job
-        # runs. Correctness costs one GET: a steady-state Kueue-mode Hold is GET TrainJob,
-        # GET Workload, PATCH Workload.
-        trainjob = yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
-        workload = yield from self._workload_for(ref, trainjob, deadline)
+        # runs. With the Workload's name cached, both GETs go out at once: a steady-state
+        # Kueue-mode Hold costs one read's time, then the PATCH.
+        cached = self._workloads.get(ref)
+        if cached is None:
+            trainjob = yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
+            workload = yield from self._workload_for(ref, trainjob, deadline)
+        else:
+            trainjob, workload = yield from self._read_pair(ref, cached, deadline, what)
+            if workload is None:
+                self._workloads.pop(ref, None)
+                uid = str(trainjob["metadata"]["uid"])
+                workload = yield from self._discover_workload(ref, uid, deadline)
         if workload is None:
             raise Rejected(f"{what}: the TrainJob has no Workload (not managed by Kueue yet?)")
         return workload
+
+    def _read_pair(
+        self, ref: Ref, cached: tuple[str, str], deadline: datetime, what: str
+    ) -> Operation[tuple[Obj, Obj | None]]:
+        """The TrainJob and its cached Workload, read at once. The TrainJob's error comes
+        first (its absence is the call's NotFound). The Workload is None when it is gone,
+        or no longer the cached TrainJob's (the caller rediscovers)."""
+        namespace = ref.namespace
+        tj_req = Request("get", TRAINJOB.plural, namespace, ref.name)
+        wl_req = Request("get", WORKLOAD.plural, namespace, cached[1])
+        tj_answer, wl_answer = yield from self._send_all(
+            [
+                (tj_req, Http("GET", _custom_path(TRAINJOB, namespace, ref.name))),
+                (wl_req, Http("GET", _custom_path(WORKLOAD, namespace, cached[1]))),
+            ],
+            deadline,
+        )
+        if isinstance(tj_answer, ApiStatusError):
+            raise error_for(tj_answer, what) from tj_answer
+        if isinstance(tj_answer, AdapterError):
+            raise tj_answer
+        trainjob: Obj = tj_answer
+        if isinstance(wl_answer, ApiStatusError):
+            if wl_answer.status == 404:
+                return trainjob, None
+            raise error_for(wl_answer, f"get Workload {namespace}/{cached[1]}") from wl_answer
+        if isinstance(wl_answer, AdapterError):
+            raise wl_answer
+        workload: Obj = wl_answer
+        if (
+            cached[0] != str(trainjob["metadata"]["uid"])
+            or not objects.controlled_by(workload, cached[0])
+            or objects.is_deleting(workload)
+        ):
+            return trainjob, None
+        return trainjob, workload
 
     def _workload_for(
         self, ref: Ref, trainjob: Obj | None, deadline: datetime | None
@@ -988,6 +1043,38 @@ class AdapterCore:
         """Send one request: hook, deadline check, bounded timeout, count, then the step;
         a driver's transport failure becomes the adapter's error, with what it means for
         whether the request can still land. An ``ApiStatusError`` passes through."""
+        limit = yield from self._prepare(req, deadline)
+        try:
+            return (yield Send(req, http, max(limit.total_seconds(), 0.001)))
+        except (NotConnected, NoAnswer, ConnectionLost) as exc:
+            raise self._transport_failure(req, deadline, limit, exc) from exc
+
+    def _send_all(
+        self, requests: list[tuple[Request, Http]], deadline: datetime | None
+    ) -> Operation[list[Any]]:
+        """Send ``requests`` at once, each prepared as ``_send`` prepares one (hook,
+        deadline check, timeout, count). Returns, for each in order, its decoded answer,
+        its ``ApiStatusError``, or the ``AdapterError`` its transport failure means."""
+        sends: list[Send] = []
+        limits: list[timedelta] = []
+        for req, http in requests:
+            limit = yield from self._prepare(req, deadline)
+            limits.append(limit)
+            sends.append(Send(req, http, max(limit.total_seconds(), 0.001)))
+        answers = yield SendAll(tuple(sends))
+        out: list[Any] = []
+        for send, limit, answer in zip(sends, limits, answers, strict=True):
+            if isinstance(answer, NotConnected | NoAnswer | ConnectionLost):
+                failure = self._transport_failure(send.req, deadline, limit, answer)
+                failure.__cause__ = answer
+                out.append(failure)
+            else:
+                out.append(answer)
+        return out
+
+    def _prepare(self, req: Request, deadline: datetime | None) -> Operation[timedelta]:
+        """The hook, then the deadline check (DeadlinePassed: not sent), then the count
+        and the log; returns the request's time limit."""
         yield BeforeRequest(req)
         limit = self.config.apiserver_request_timeout
         if deadline is not None:
@@ -1001,20 +1088,24 @@ class AdapterCore:
         with self._lock:
             self._request_count += 1
             self.request_log.append(replace(req, timeout=timeout))
-        try:
-            return (yield Send(req, http, timeout))
-        except NotConnected as exc:
+        return limit
+
+    def _transport_failure(
+        self, req: Request, deadline: datetime | None, limit: timedelta, exc: DriverError
+    ) -> AdapterError:
+        """What a transport failure of ``req`` means for the caller, as its error."""
+        if isinstance(exc, NotConnected):
             # No connection was made, so no byte of this request reached the API server.
             not_sent = f"{req.verb} {req.resource} {req.name}: not sent"
             if deadline is not None and self._clock() >= deadline:
-                raise DeadlinePassed(
+                return DeadlinePassed(
                     f"{not_sent}: no connection to the API server before the deadline ({exc})"
-                ) from exc
-            raise Unreachable(
+                )
+            return Unreachable(
                 f"{not_sent}: cannot connect to the API server ({exc}); nothing of this"
                 " request can land"
-            ) from exc
-        except NoAnswer as exc:
+            )
+        if isinstance(exc, NoAnswer):
             message = (
                 f"{req.verb} {req.resource} {req.name}: sent, but no answer within"
                 f" {limit.total_seconds():.3f}s (deadline or timeouts.apiserverRequest); it"
@@ -1024,16 +1115,15 @@ class AdapterCore:
             # Cut off by the call's own deadline: the same outcome as a deadline that
             # passed before sending, so callers (Start's wait) can treat both alike.
             if deadline is not None and self._clock() >= deadline:
-                raise DeadlinePassed(message) from exc
-            raise Rejected(message) from exc
-        except ConnectionLost as exc:
-            # The connection was made and then lost (reset, closed mid-answer): the request
-            # may have been received, so a write may still land, as after a timeout.
-            raise AdapterError(
-                f"{req.verb} {req.resource} {req.name}: the connection to the API server was"
-                f" lost after the request was sent ({exc}); it may still land within"
-                f" call_bound ({self.call_bound.total_seconds():g}s after the deadline)"
-            ) from exc
+                return DeadlinePassed(message)
+            return Rejected(message)
+        # The connection was made and then lost (reset, closed mid-answer): the request
+        # may have been received, so a write may still land, as after a timeout.
+        return AdapterError(
+            f"{req.verb} {req.resource} {req.name}: the connection to the API server was"
+            f" lost after the request was sent ({exc}); it may still land within"
+            f" call_bound ({self.call_bound.total_seconds():g}s after the deadline)"
+        )
 
     # ---- preflight -------------------------------------------------------------------
 

@@ -17,7 +17,9 @@ headers (impersonation) and the transport are the client's own (``param_serializ
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import contextvars
 import copy
 import threading
 import time
@@ -48,6 +50,7 @@ from adapter.core import (
     Request,
     RequestHook,
     Send,
+    SendAll,
     Stepper,
     WatchFeed,
     WatchView,
@@ -67,6 +70,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+WORKER_THREADS = 4
+"""Threads that send the extra requests of a ``SendAll`` (a Kueue-mode read's second GET);
+made on first use, shared by the adapter's calls, ended by ``close()``."""
 
 
 class Adapter(AdapterCore):
@@ -93,6 +100,7 @@ class Adapter(AdapterCore):
         # caller's ApiClient is never modified (its retries, its pool) and stays the
         # caller's to use and close; ``close()`` closes only this one.
         self._api = _own_client(api_client)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def api_client(self) -> k8s.ApiClient:
@@ -103,6 +111,10 @@ class Adapter(AdapterCore):
     def close(self) -> None:
         """Close the adapter's own connections (never the caller's client). Idempotent; the
         adapter must not be used afterwards."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         self._api.close()  # type: ignore[no-untyped-call]
 
     def __enter__(self) -> Adapter:
@@ -168,12 +180,42 @@ class Adapter(AdapterCore):
                             run.fail(exc)
                     elif isinstance(step, NextChange):
                         run.reply(cast(_SyncWatch, step.watch).next_change(step.wait))
+                    elif isinstance(step, SendAll):
+                        run.reply(self._perform_all(step))
                     else:
                         time.sleep(step.seconds)
                 return cast(T, run.result)
         finally:
             for watch in watches:
                 watch.close()
+
+    def _perform_all(self, step: SendAll) -> tuple[Any, ...]:
+        """Each request of ``step`` at once: all but the first on the adapter's worker
+        threads, the first on this thread. A worker runs in a copy of this thread's
+        context (contextvars), as ``asyncio.to_thread`` does, so what identifies the call
+        there (tracing, a test's recorder) follows its requests."""
+        pending = [
+            self._workers().submit(contextvars.copy_context().run, self._perform_caught, send)
+            for send in step.sends[1:]
+        ]
+        first = self._perform_caught(step.sends[0]) if step.sends else None
+        # Each worker's request is bounded by its own timeout: result() cannot hang.
+        rest = [future.result() for future in pending]
+        return (first, *rest) if step.sends else ()
+
+    def _perform_caught(self, step: Send) -> Any:
+        try:
+            return self._perform(step)
+        except DriverError as exc:
+            return exc
+
+    def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=WORKER_THREADS, thread_name_prefix="holdwarden-adapter"
+                )
+            return self._pool
 
     def _open_stream(self, step: OpenWatch, watches: list[_SyncWatch]) -> _SyncWatch:
         """Open the watch and wait (``step.timeout``) for its first event."""

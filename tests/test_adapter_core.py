@@ -33,6 +33,7 @@ from adapter.core import (
     Operation,
     Pause,
     Send,
+    SendAll,
     Stepper,
     WatchFeed,
     WatchView,
@@ -111,6 +112,8 @@ def drive(
                 got: Answer = None
                 if isinstance(step, Send):
                     got = answer(step)
+                elif isinstance(step, SendAll):
+                    got = tuple(answer(send) for send in step.sends)
                 elif isinstance(step, OpenWatch | NextChange):
                     got = watch(step) if watch else ApiStatusError(403, "Forbidden", "{}")
                 if isinstance(got, DriverError):
@@ -469,3 +472,104 @@ def test_property_the_feed_parses_the_same_events_however_the_stream_is_split(
     pieces = [stream[a:b] for a, b in zip([0, *offsets], [*offsets, len(stream)], strict=True)]
     assert sum(feed.feed(piece) for piece in pieces) == 3
     assert feed.events == 3 and feed.newest_type == "DELETED" and feed.ended is None
+
+
+# ---- Kueue mode: the two reads go out at once ---------------------------------------------
+
+
+def kueue_core(clock: Clock) -> AdapterCore:
+    core = plain_core(clock)
+    core.mode = "kueue"
+    core._workloads[REF] = ("u-1", "wl")  # the Workload found on an earlier call
+    return core
+
+
+def workload(rv: str = "7", owner: str = "u-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": "wl",
+            "namespace": REF.namespace,
+            "uid": "w-1",
+            "resourceVersion": rv,
+            "ownerReferences": [
+                {"uid": owner, "controller": True, "kind": "TrainJob", "name": REF.name}
+            ],
+        },
+        "spec": {"active": True},
+    }
+
+
+def by_path(tj: Answer, wl: Answer, listed: Answer = None) -> Callable[[Send], Answer]:
+    def answer(send: Send) -> Answer:
+        if send.http.method == "PATCH":
+            return None
+        if send.http.path.endswith("/trainjobs/llm"):
+            return tj
+        if send.http.path.endswith("/workloads/wl"):
+            return wl
+        return listed
+
+    return answer
+
+
+def test_a_kueue_hold_reads_the_trainjob_and_its_cached_workload_at_once() -> None:
+    clock = Clock()
+    core = kueue_core(clock)
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        by_path(trainjob(), workload("7")),
+    )
+    assert steps[-1] is None, steps[-1]
+    kinds = [type(step).__name__ for step in steps[:-1]]
+    # Both hooks and deadline checks first, then both GETs in one step, then the PATCH.
+    assert kinds == ["BeforeRequest", "BeforeRequest", "SendAll", "BeforeRequest", "Send"]
+    pair = steps[2]
+    assert [s.http.path.rsplit("/", 2)[-2:] for s in pair.sends] == [
+        ["trainjobs", "llm"],
+        ["workloads", "wl"],
+    ]
+    assert all(0 < s.timeout <= 10 for s in pair.sends)
+    assert written_versions(steps) == ["7"]
+    assert core.request_count == 3
+
+
+@pytest.mark.parametrize(
+    ("tj", "wl", "error", "words"),
+    [
+        # The TrainJob's error comes first, whatever the Workload's answer was.
+        (ApiStatusError(404, "Not Found", "{}"), workload(), NotFound, "not found"),
+        (NotConnected("refused"), workload(), Unreachable, "get trainjobs llm: not sent"),
+        (NoAnswer("t"), ApiStatusError(404, "Not Found", "{}"), Rejected, "may still land"),
+        (trainjob(), NotConnected("refused"), Unreachable, "get workloads wl: not sent"),
+        (trainjob(), ApiStatusError(403, "Forbidden", '{"message": "no"}'), Rejected, "no"),
+    ],
+)
+def test_a_failed_read_of_the_pair_is_the_trainjobs_error_first(
+    tj: Answer, wl: Answer, error: type[AdapterError], words: str
+) -> None:
+    clock = Clock()
+    core = kueue_core(clock)
+    steps = drive(core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), by_path(tj, wl))
+    assert type(steps[-1]) is error and words in str(steps[-1]), steps[-1]
+    assert not sends(steps, "PATCH")
+
+
+@pytest.mark.parametrize(
+    "wl",
+    [ApiStatusError(404, "Not Found", "{}"), workload(owner="u-old")],
+    ids=["gone", "not-this-trainjobs"],
+)
+def test_a_cached_workload_gone_or_not_the_trainjobs_is_rediscovered(wl: Answer) -> None:
+    clock = Clock()
+    core = kueue_core(clock)
+    fresh = {**workload("9"), "metadata": {**workload("9")["metadata"], "name": "wl2"}}
+    steps = drive(
+        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        by_path(trainjob(), wl, listed={"items": [fresh]}),
+    )
+    assert steps[-1] is None, steps[-1]
+    listed = [s for s in steps if isinstance(s, Send) and "labelSelector" in dict(s.http.query)]
+    assert len(listed) == 1
+    assert written_versions(steps) == ["9"] and core._workloads[REF] == ("u-1", "wl2")

@@ -42,6 +42,7 @@ seed fixes the plan (calls, instances, delays, stragglers), and failures print i
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import random
@@ -104,7 +105,28 @@ SEED = int(os.environ.get("HOLDWARDEN_INTERLEAVING_SEED", "20261202"))
 SCHEDULES = int(os.environ.get("HOLDWARDEN_INTERLEAVING_SCHEDULES", "30"))
 PARALLEL = 3  # schedules run at once (each on its own TrainJob, adapters and clock)
 
-_local = threading.local()
+
+class _CallOfContext:
+    """The call the current thread makes, kept in a context variable rather than a
+    thread-local: the sync adapter sends a Kueue-mode read's second GET from a worker
+    thread running in a copy of the caller's context, and that request is the call's too.
+    A thread of its own starts with no call, as with a thread-local."""
+
+    def __init__(self) -> None:
+        self._var: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
+            "call", default=None
+        )
+
+    @property
+    def call(self) -> Call | None:
+        return self._var.get()
+
+    @call.setter
+    def call(self, value: Call | None) -> None:
+        self._var.set(value)
+
+
+_local = _CallOfContext()
 
 
 # ---- the clock and the calls -------------------------------------------------------------
