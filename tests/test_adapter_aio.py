@@ -18,10 +18,11 @@ import pytest
 from kubernetes import client as k8s
 
 from adapter import AsyncAdapter, Config, Ref, State
-from adapter.core import Request
+from adapter.core import Request, Send
 from adapter.errors import AdapterError, Conflict, Rejected, StaleHold, Unreachable
 from adapter.kube import FIELD_MANAGER
 from holdwarden.localcluster import LocalCluster
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from tests.test_adapter_kube import HOLDER, Cluster, hold_annotations, meta
 from tests.test_adapter_supervisor import _client_for, _closed_port, _Silent
 
@@ -227,3 +228,33 @@ async def test_closed_is_closed_and_one_loop_only(
     await adapter.aclose()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         await adapter.observe(ref)
+
+
+async def test_a_kueue_read_has_its_two_gets_in_flight_together(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    kc: Cluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The asyncio twin of the sync driver's test: with the Workload's name cached, both
+    GETs of a Kueue-mode read wait at one two-party barrier before they are sent, which
+    sending them one after the other would break (asyncio.timeout: never a hang)."""
+    ref, _ = kc.kueue_job("job")
+    async with AsyncAdapter(config(cluster, "kueue"), supervisor_client) as adapter:
+        await adapter.hold(ref, meta(1), "first")  # lazy preflight + discovery fill the cache
+        barrier = asyncio.Barrier(2)
+        met: list[str] = []
+        perform = adapter._perform
+
+        async def at_barrier(step: Send) -> Any:
+            if step.req.verb == "get":
+                async with asyncio.timeout(10):
+                    await barrier.wait()
+                met.append(step.req.resource)
+            return await perform(step)
+
+        monkeypatch.setattr(adapter, "_perform", at_barrier)
+        await adapter.hold(ref, meta(2), "second")
+        assert sorted(met) == sorted([TRAINJOB.plural, WORKLOAD.plural])
+        monkeypatch.undo()
+        assert (await adapter.observe(ref)).hold_instance == 2

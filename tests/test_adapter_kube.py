@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref, State
+from adapter.core import Send
 from adapter.errors import (
     Conflict,
     Invalid,
@@ -204,8 +205,9 @@ def test_kueue_steady_state_hold_is_three_requests(
     adapter.hold(ref, meta(1), "first")  # lazy preflight + discovery
     before = adapter.request_count
     adapter.hold(ref, meta(2), "second")
-    # GET TrainJob (its uid now), GET the cached Workload, PUT it: see _read_held for why
-    # the TrainJob read cannot be skipped.
+    # GET TrainJob (its uid now) and GET the cached Workload, sent at once, then the PATCH:
+    # see _read_held for why the TrainJob read cannot be skipped. The log records the two
+    # GETs in the order the call prepared them.
     assert adapter.request_count - before == 3
     assert [(r.verb, r.resource) for r in list(adapter.request_log)[-3:]] == [
         ("get", TRAINJOB.plural),
@@ -1177,3 +1179,36 @@ def test_transport_retries_are_off(cluster: LocalCluster, supervisor_client: k8s
     retries = adapter.api_client.rest_client.pool_manager.connection_pool_kw["retries"]
     # False itself, or the Retry the client builds from it (total=False: raise at once).
     assert retries is False or (retries.total is False and retries.redirect == 0)
+
+
+@pytest.mark.parametrize("driver", ["sync"])  # the asyncio twin: tests/test_adapter_aio.py
+def test_a_kueue_read_has_its_two_gets_in_flight_together(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    kc: Cluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the Workload's name cached, the TrainJob's GET and the Workload's are on the
+    wire at the same time: each waits at a two-party barrier before it is sent, which a
+    driver sending them one after the other breaks (after 10 s, never a hang)."""
+    ref, _ = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    try:
+        adapter.hold(ref, meta(1), "first")  # lazy preflight + discovery fill the cache
+        barrier = threading.Barrier(2, timeout=10)
+        met: list[str] = []
+        perform = adapter._perform
+
+        def at_barrier(step: Send) -> Any:
+            if step.req.verb == "get":
+                barrier.wait()
+                met.append(step.req.resource)
+            return perform(step)
+
+        monkeypatch.setattr(adapter, "_perform", at_barrier)
+        adapter.hold(ref, meta(2), "second")
+        assert sorted(met) == sorted([TRAINJOB.plural, WORKLOAD.plural])
+        monkeypatch.undo()
+        assert adapter.observe(ref).hold_instance == 2
+    finally:
+        adapter.close()

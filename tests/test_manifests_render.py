@@ -445,7 +445,11 @@ def test_supervisor_role_lets_a_conflicted_call_retry_from_a_watch(
         api.close()  # type: ignore[no-untyped-call]
     verbs = [r.verb for r in adapter.request_log if r.resource == "trainjobs"]
     assert verbs[-3:] == ["update", "watch", "update"], verbs
-    assert _may(cluster, cluster.api_client(user), namespace, "watch", "workloads.kueue.x-k8s.io")
+    workload_api = cluster.api_client(user)
+    try:
+        assert _may(cluster, workload_api, namespace, "watch", "workloads.kueue.x-k8s.io")
+    finally:
+        workload_api.close()  # type: ignore[no-untyped-call]
     held = custom.get_namespaced_custom_object(*coords, "job")
     assert held["spec"]["suspend"] is True and held["metadata"]["labels"]["touched"] == "yes"
 
