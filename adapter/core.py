@@ -383,6 +383,36 @@ def _custom_path(resource: Resource, namespace: str | None, name: str = "") -> s
     return f"{base}/{quote(name, safe='')}" if name else base
 
 
+def _get_request(resource: Resource, namespace: str, name: str) -> tuple[Request, Http]:
+    """The GET of one namespaced object, as the request log names it and as it is sent."""
+    return (
+        Request("get", resource.plural, namespace, name),
+        Http("GET", _custom_path(resource, namespace, name)),
+    )
+
+
+def _get_what(resource: Resource, namespace: str, name: str) -> str:
+    return f"get {resource.kind} {namespace}/{name}"
+
+
+def _got(answer: Any, resource: Resource, namespace: str, name: str, what: str) -> Obj:
+    """The object a ``SendAll`` answer holds, or the error a lone GET of it would raise
+    (``what`` names the call; empty: the GET itself)."""
+    if isinstance(answer, ApiStatusError):
+        raise error_for(answer, what or _get_what(resource, namespace, name)) from answer
+    if isinstance(answer, AdapterError):
+        raise answer
+    obj: Obj = answer
+    return obj
+
+
+def _live_workload_of(workload: Obj, uid: str) -> bool:
+    """Whether ``workload`` is the Workload of the TrainJob with ``uid``: its controller
+    ownerReference names that uid (the label alone is not enough), and it is not being
+    deleted."""
+    return objects.controlled_by(workload, uid) and not objects.is_deleting(workload)
+
+
 class _ConflictError(Exception):
     """A write met a resourceVersion conflict (HTTP 409)."""
 
@@ -839,15 +869,15 @@ class AdapterCore:
         # runs. With the Workload's name cached, both GETs go out at once: a steady-state
         # Kueue-mode Hold costs one read's time, then the PATCH.
         cached = self._workloads.get(ref)
+        workload: Obj | None = None
         if cached is None:
             trainjob = yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
-            workload = yield from self._workload_for(ref, trainjob, deadline)
         else:
             trainjob, workload = yield from self._read_pair(ref, cached, deadline, what)
-            if workload is None:
-                self._workloads.pop(ref, None)
-                uid = str(trainjob["metadata"]["uid"])
-                workload = yield from self._discover_workload(ref, uid, deadline)
+        if workload is None:
+            self._workloads.pop(ref, None)
+            uid = str(trainjob["metadata"]["uid"])
+            workload = yield from self._discover_workload(ref, uid, deadline)
         if workload is None:
             raise Rejected(f"{what}: the TrainJob has no Workload (not managed by Kueue yet?)")
         return workload
@@ -859,31 +889,19 @@ class AdapterCore:
         first (its absence is the call's NotFound). The Workload is None when it is gone,
         or no longer the cached TrainJob's (the caller rediscovers)."""
         namespace = ref.namespace
-        tj_req = Request("get", TRAINJOB.plural, namespace, ref.name)
-        wl_req = Request("get", WORKLOAD.plural, namespace, cached[1])
         tj_answer, wl_answer = yield from self._send_all(
             [
-                (tj_req, Http("GET", _custom_path(TRAINJOB, namespace, ref.name))),
-                (wl_req, Http("GET", _custom_path(WORKLOAD, namespace, cached[1]))),
+                _get_request(TRAINJOB, namespace, ref.name),
+                _get_request(WORKLOAD, namespace, cached[1]),
             ],
             deadline,
         )
-        if isinstance(tj_answer, ApiStatusError):
-            raise error_for(tj_answer, what) from tj_answer
-        if isinstance(tj_answer, AdapterError):
-            raise tj_answer
-        trainjob: Obj = tj_answer
-        if isinstance(wl_answer, ApiStatusError):
-            if wl_answer.status == 404:
-                return trainjob, None
-            raise error_for(wl_answer, f"get Workload {namespace}/{cached[1]}") from wl_answer
-        if isinstance(wl_answer, AdapterError):
-            raise wl_answer
-        workload: Obj = wl_answer
-        if (
-            cached[0] != str(trainjob["metadata"]["uid"])
-            or not objects.controlled_by(workload, cached[0])
-            or objects.is_deleting(workload)
+        trainjob = _got(tj_answer, TRAINJOB, namespace, ref.name, what)
+        if isinstance(wl_answer, ApiStatusError) and wl_answer.status == 404:
+            return trainjob, None
+        workload = _got(wl_answer, WORKLOAD, namespace, cached[1], "")
+        if cached[0] != str(trainjob["metadata"]["uid"]) or not _live_workload_of(
+            workload, cached[0]
         ):
             return trainjob, None
         return trainjob, workload
@@ -905,11 +923,7 @@ class AdapterCore:
                 workload = yield from self._get(WORKLOAD, ref.namespace, cached[1], deadline, "")
             except NotFound:
                 workload = None
-            if (
-                workload is not None
-                and objects.controlled_by(workload, cached[0])
-                and not objects.is_deleting(workload)
-            ):
+            if workload is not None and _live_workload_of(workload, cached[0]):
                 return workload
         self._workloads.pop(ref, None)
         if trainjob is None:
@@ -932,11 +946,7 @@ class AdapterCore:
             listed = yield from self._send(req, deadline, http)
         except ApiStatusError as exc:
             raise error_for(exc, f"find the Workload of {ref}") from exc
-        owned = [
-            w
-            for w in listed.get("items") or []
-            if objects.controlled_by(w, uid) and not objects.is_deleting(w)
-        ]
+        owned = [w for w in listed.get("items") or [] if _live_workload_of(w, uid)]
         if not owned:
             return None
         if len(owned) > 1:
@@ -1002,12 +1012,11 @@ class AdapterCore:
         deadline: datetime | None,
         what: str,
     ) -> Operation[Obj]:
-        req = Request("get", resource.plural, namespace, name)
-        http = Http("GET", _custom_path(resource, namespace, name))
+        req, http = _get_request(resource, namespace, name)
         try:
             obj: Obj = yield from self._send(req, deadline, http)
         except ApiStatusError as exc:
-            raise error_for(exc, what or f"get {resource.kind} {namespace}/{name}") from exc
+            raise error_for(exc, what or _get_what(resource, namespace, name)) from exc
         return obj
 
     def _write(

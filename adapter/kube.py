@@ -194,14 +194,14 @@ class Adapter(AdapterCore):
         threads, the first on this thread. A worker runs in a copy of this thread's
         context (contextvars), as ``asyncio.to_thread`` does, so what identifies the call
         there (tracing, a test's recorder) follows its requests."""
+        first, *others = step.sends  # the core never sends an empty SendAll
         pending = [
             self._workers().submit(contextvars.copy_context().run, self._perform_caught, send)
-            for send in step.sends[1:]
+            for send in others
         ]
-        first = self._perform_caught(step.sends[0]) if step.sends else None
+        answer = self._perform_caught(first)
         # Each worker's request is bounded by its own timeout: result() cannot hang.
-        rest = [future.result() for future in pending]
-        return (first, *rest) if step.sends else ()
+        return (answer, *(future.result() for future in pending))
 
     def _perform_caught(self, step: Send) -> Any:
         try:

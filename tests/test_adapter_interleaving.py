@@ -106,27 +106,11 @@ SCHEDULES = int(os.environ.get("HOLDWARDEN_INTERLEAVING_SCHEDULES", "30"))
 PARALLEL = 3  # schedules run at once (each on its own TrainJob, adapters and clock)
 
 
-class _CallOfContext:
-    """The call the current thread makes, kept in a context variable rather than a
-    thread-local: the sync adapter sends a Kueue-mode read's second GET from a worker
-    thread running in a copy of the caller's context, and that request is the call's too.
-    A thread of its own starts with no call, as with a thread-local."""
-
-    def __init__(self) -> None:
-        self._var: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
-            "call", default=None
-        )
-
-    @property
-    def call(self) -> Call | None:
-        return self._var.get()
-
-    @call.setter
-    def call(self, value: Call | None) -> None:
-        self._var.set(value)
-
-
-_local = _CallOfContext()
+# The call the current thread makes: a context variable rather than a thread-local, since
+# the sync adapter sends a Kueue-mode read's second GET from a worker thread running in a
+# copy of the caller's context, and that request is the call's too. A thread of its own
+# starts with no call, as with a thread-local.
+_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("call", default=None)
 
 
 # ---- the clock and the calls -------------------------------------------------------------
@@ -211,7 +195,7 @@ class RecordingPool:
         return getattr(self._inner, name)
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        call: Call | None = getattr(_local, "call", None)
+        call: Call | None = _CALL.get()
         if call is not None and call.blocked_when_let_go:
             call.sent_after_let_go.append(f"{method} {url}")
         # The adapter's writes are merge PATCHes (adapter/patches.py); PUT kept for others.
@@ -276,7 +260,7 @@ def recording_trace(recorder: Recorder) -> aiohttp.TraceConfig:
 
 def _before_request(req: Request) -> None:
     """The adapter's hook: runs before its deadline check of every request."""
-    call: Call | None = getattr(_local, "call", None)
+    call: Call | None = _CALL.get()
     if call is None:
         return
     if call.block_at == req.verb and not call.blocked:
@@ -403,7 +387,7 @@ class Schedule:
                     api,
                     clock=self.clock.now,
                     before_request=_before_request,  # run in the call's own thread
-                    context_of_caller=lambda: getattr(_local, "call", None),
+                    context_of_caller=_CALL.get,
                 )
                 blocking.inner.trace_configs.append(recording_trace(recorder))
                 self.adapters.append(blocking)
@@ -420,7 +404,7 @@ class Schedule:
         return CallMeta(deadline=call.deadline, instance=call.instance)
 
     def run_call(self, call: Call) -> None:
-        _local.call = call
+        _CALL.set(call)
         adapter = self.adapters[call.adapter]
         try:
             meta = self.meta(call)
@@ -446,7 +430,7 @@ class Schedule:
         except Exception:
             call.outcome, call.detail = "error", traceback.format_exc()
         finally:
-            _local.call = None
+            _CALL.set(None)
 
     def _release(self, adapter: Adapter, meta: CallMeta) -> None:
         """The supervisor's Release: PodsRemain means "try again shortly"."""
