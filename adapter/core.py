@@ -588,8 +588,14 @@ class AdapterCore:
         deadline = self._deadline(meta)
         instance = self._instance(meta)
         what = f"release {ref} instance {instance}"
+        # The read the call's last pod check followed, when it found no pod. A retry whose
+        # read proves the TrainJob stayed suspended since then writes without listing again
+        # (decisions.pod_check_carries_over): under a busy status writer the LIST's round
+        # trip between read and write is what made plain-mode Release lose most retries.
+        no_pods_after: Obj | None = None
 
         def decide(held: Obj) -> Operation[Decision]:
+            nonlocal no_pods_after
             pods_remain: bool | None = None
             in_force = objects.hold_instance(held, self.annotations) == instance
             if (
@@ -597,7 +603,13 @@ class AdapterCore:
                 and in_force
                 and decisions.release_would_unsuspend(held, self.annotations)
             ):
-                pods_remain = yield from self._pods_remain(ref, deadline)
+                if no_pods_after is not None and decisions.pod_check_carries_over(
+                    no_pods_after, held
+                ):
+                    pods_remain = False
+                else:
+                    pods_remain = yield from self._pods_remain(ref, deadline)
+                    no_pods_after = None if pods_remain else held
             return decisions.decide_release(
                 held,
                 mode=self.mode,

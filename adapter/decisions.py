@@ -103,6 +103,41 @@ def release_would_unsuspend(trainjob: Obj, annotations: Annotations) -> bool:
     ) is None
 
 
+def pod_check_carries_over(checked_after: Obj, now: Obj) -> bool:
+    """Plain-mode Release: whether a pod check that found no pod, taken after reading
+    ``checked_after``, still speaks for ``now``, a later read of the same TrainJob (a retry's
+    read after a conflict), so the retry may write without listing the pods again.
+
+    What a pod check proves in the first place: the list was taken between the read and the
+    write, and the write is preconditioned on the read's resourceVersion, so the TrainJob
+    stayed suspended from the moment no pod remained until the write. The same holds across
+    a conflict when the TrainJob stayed suspended from ``checked_after`` to ``now``: the
+    API server raises ``metadata.generation`` on every change outside metadata and status,
+    so an equal generation (with ``spec.suspend`` true at both ends) means no write in
+    between touched ``spec.suspend``, and nothing could have run the job. The conflicts a
+    Release meets are status writes (Trainer's, a heartbeat's), which leave the generation
+    alone.
+
+    Invariant: True only for the same object (uid), at the same generation, suspended at
+    both reads, and not being deleted; anything else, or anything missing, is False (list
+    the pods again).
+    """
+    was, is_ = objects.section(checked_after, "metadata"), objects.section(now, "metadata")
+    uid, generation = was.get("uid"), was.get("generation")
+    return (
+        isinstance(uid, str)
+        and uid != ""
+        and is_.get("uid") == uid
+        and type(generation) is int  # bool is an int too: not a generation
+        and type(is_.get("generation")) is int
+        and is_.get("generation") == generation
+        and objects.suspended(checked_after)
+        and objects.suspended(now)
+        and is_.get("deletionTimestamp") is None
+        and was.get("deletionTimestamp") is None
+    )
+
+
 # ---- writing helpers ---------------------------------------------------------------------
 
 

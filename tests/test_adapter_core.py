@@ -573,3 +573,142 @@ def test_a_cached_workload_gone_or_not_the_trainjobs_is_rediscovered(wl: Answer)
     listed = [s for s in steps if isinstance(s, Send) and "labelSelector" in dict(s.http.query)]
     assert len(listed) == 1
     assert written_versions(steps) == ["9"] and core._workloads[REF] == ("u-1", "wl2")
+
+
+# ---- plain-mode Release: the pod check carries over a status write ------------------------
+
+
+def held_opened(rv: str, *, generation: int = 4, suspend: bool = True) -> dict[str, Any]:
+    """An opened plain-mode TrainJob under hold instance 1, as the API server returns it."""
+    obj = trainjob(
+        rv,
+        {
+            "holdwarden.io/hold-instance": "1",
+            "holdwarden.io/hold-reason": "r",
+            "holdwarden.io/held-at": "2026-12-03T11:00:00Z",
+            "holdwarden.io/held-by": "dispatch",
+            "holdwarden.io/opened": "2026-12-03T10:00:00Z",
+            "holdwarden.io/attempt": "1",
+        },
+    )
+    obj["metadata"]["generation"] = generation
+    obj["spec"]["suspend"] = suspend
+    return obj
+
+
+def plain_release_answers(tries: list[Answer], first: dict[str, Any]) -> Callable[[Send], Answer]:
+    """GET: ``first``; the pods LIST: no pod; each PATCH: the next of ``tries``."""
+    left = iter(tries)
+
+    def answer(send: Send) -> Answer:
+        if send.http.method == "PATCH":
+            return next(left)
+        if send.http.path.endswith("/pods"):
+            return {"items": []}
+        return first
+
+    return answer
+
+
+def pod_lists(steps: list[Any]) -> list[Send]:
+    return [s for s in sends(steps, "GET") if s.http.path.endswith("/pods")]
+
+
+def test_a_plain_release_retried_after_a_status_write_lists_the_pods_once() -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    steps = drive(
+        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        plain_release_answers([conflict(), conflict(), None], held_opened("5")),
+        watch_serving(
+            WatchView(True, "MODIFIED", held_opened("6"), None),  # a status write: same gen
+            WatchView(True, "MODIFIED", held_opened("7"), None),
+        ),
+    )
+    assert steps[-1] is None, steps[-1]
+    # One pod check, after the first read; the retries write at once on the watch's state.
+    assert len(pod_lists(steps)) == 1
+    assert steps.index(pod_lists(steps)[0]) < steps.index(sends(steps, "PATCH")[0])
+    assert written_versions(steps) == ["5", "6", "7"]
+    assert all((p.http.body or {}).get("spec") == {"suspend": False} for p in sends(steps, "PATCH"))
+    assert [r.verb for r in core.request_log] == [
+        "get",
+        "list",
+        "update",
+        "watch",
+        "update",
+        "update",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("retry_read", "why"),
+    [
+        (held_opened("6", generation=6), "the spec changed in between"),
+        (
+            {**held_opened("6"), "metadata": {**held_opened("6")["metadata"], "uid": "u-2"}},
+            "another TrainJob of that name",
+        ),
+        (
+            {
+                **held_opened("6"),
+                "metadata": {
+                    k: v for k, v in held_opened("6")["metadata"].items() if k != "generation"
+                },
+            },
+            "no generation to compare",
+        ),
+    ],
+)
+def test_a_plain_release_lists_the_pods_again_unless_the_trainjob_stayed_suspended(
+    retry_read: dict[str, Any], why: str
+) -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    steps = drive(
+        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        plain_release_answers([conflict(), None], held_opened("5")),
+        lambda step: ApiStatusError(403, "Forbidden", "{}"),  # retries read with GETs
+    )
+    assert steps[-1] is None, steps[-1]
+    assert len(pod_lists(steps)) == 1  # the same read both times: carried over
+
+    gets = iter([held_opened("5"), retry_read])
+    tries = iter([conflict(), None])
+
+    def answer(send: Send) -> Answer:
+        if send.http.method == "PATCH":
+            return next(tries)
+        if send.http.path.endswith("/pods"):
+            return {"items": []}
+        return next(gets)
+
+    core = plain_core(clock)
+    steps = drive(core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)), answer)
+    assert steps[-1] is None, (why, steps[-1])
+    assert len(pod_lists(steps)) == 2, why
+    # Each pod check lies between the read it follows and the write decided on that read.
+    # (The watch is refused here: the retry reads with a GET.)
+    verbs = [r.verb for r in core.request_log if r.verb != "watch"]
+    assert verbs == ["get", "list", "update"] * 2
+
+
+def test_a_retry_that_finds_a_pod_after_the_spec_changed_writes_nothing() -> None:
+    """Unsuspended and suspended again between the tries (the generation moved), a pod
+    appeared: the retry lists again, sees it, and refuses; the check did not carry over."""
+    clock = Clock()
+    core = plain_core(clock)
+    gets = iter([held_opened("5"), held_opened("8", generation=6)])
+    lists = iter([{"items": []}, {"items": [{"metadata": {"name": "llm-node-0"}}]}])
+    steps = drive(
+        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        lambda send: (
+            conflict()
+            if send.http.method == "PATCH"
+            else next(lists)
+            if send.http.path.endswith("/pods")
+            else next(gets)
+        ),
+    )
+    assert type(steps[-1]).__name__ == "PodsRemain", steps[-1]
+    assert len(sends(steps, "PATCH")) == 1

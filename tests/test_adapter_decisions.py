@@ -20,6 +20,7 @@ from adapter.decisions import (
     decide_release,
     kueue_cause,
     leftover_pods,
+    pod_check_carries_over,
     release_would_unsuspend,
     validate_start_body,
 )
@@ -1213,3 +1214,80 @@ def test_leftover_pods_properties(state: State, pods: list[dict[str, Any]]) -> N
 )
 def test_cluster_queue_admission_checks(spec: dict[str, Any], expected: list[str]) -> None:
     assert cluster_queue_admission_checks({"spec": spec}) == expected
+
+
+# ---- plain-mode Release: when a pod check carries over to a retry's read ------------------
+
+
+def suspended_at(generation: Any, *, uid: Any = "u1", suspend: Any = True) -> dict[str, Any]:
+    body = obj(ann=held_ann("1"), spec={"suspend": suspend})
+    body["metadata"].update(uid=uid, generation=generation)
+    return body
+
+
+def _with_meta(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {**body, "metadata": {**body["metadata"], **fields}}
+
+
+@pytest.mark.parametrize(
+    ("checked_after", "now", "carries"),
+    [
+        (suspended_at(3), suspended_at(3), True),  # only status (or metadata) was written
+        (suspended_at(3), _with_meta(suspended_at(3), resourceVersion="99"), True),
+        (suspended_at(3), suspended_at(4), False),  # the spec changed: it may have run
+        (suspended_at(3), suspended_at(5), False),  # unsuspended and suspended again
+        (suspended_at(3), suspended_at(3, uid="u2"), False),  # another object of that name
+        (suspended_at(3), suspended_at(3, suspend=False), False),
+        (suspended_at(3, suspend=False), suspended_at(3), False),
+        (suspended_at(3), suspended_at(3, suspend="true"), False),  # only literally true
+        (suspended_at(None), suspended_at(None), False),  # nothing to compare
+        (suspended_at(3), suspended_at(None), False),
+        (suspended_at("3"), suspended_at("3"), False),  # a generation is an integer
+        (suspended_at(True), suspended_at(True), False),
+        (suspended_at(3, uid=""), suspended_at(3, uid=""), False),
+        (suspended_at(3, uid=None), suspended_at(3, uid=None), False),
+        (
+            suspended_at(3),
+            _with_meta(suspended_at(3), deletionTimestamp="2026-01-01T00:00:00Z"),
+            False,
+        ),
+        ({}, suspended_at(3), False),
+        (suspended_at(3), {"metadata": None}, False),
+    ],
+)
+def test_pod_check_carries_over_table(
+    checked_after: dict[str, Any], now: dict[str, Any], carries: bool
+) -> None:
+    assert pod_check_carries_over(checked_after, now) is carries
+
+
+_generations = st.one_of(st.integers(min_value=0, max_value=2**63 - 1), st.none(), st.text())
+
+
+@given(
+    gen_a=_generations,
+    gen_b=_generations,
+    uid_a=st.sampled_from(["u1", "u2", "", None]),
+    uid_b=st.sampled_from(["u1", "u2", "", None]),
+    suspend_a=st.sampled_from([True, False, None, "true"]),
+    suspend_b=st.sampled_from([True, False, None, "true"]),
+)
+def test_property_a_pod_check_carries_over_only_across_a_suspended_unchanged_spec(
+    gen_a: Any, gen_b: Any, uid_a: Any, uid_b: Any, suspend_a: Any, suspend_b: Any
+) -> None:
+    a = suspended_at(gen_a, uid=uid_a, suspend=suspend_a)
+    b = suspended_at(gen_b, uid=uid_b, suspend=suspend_b)
+    carries = pod_check_carries_over(a, b)
+    proven = (
+        type(gen_a) is int
+        and gen_a == gen_b
+        and type(gen_b) is int
+        and isinstance(uid_a, str)
+        and uid_a != ""
+        and uid_a == uid_b
+        and suspend_a is True
+        and suspend_b is True
+    )
+    assert carries is proven
+    # Neither read is modified by asking.
+    assert a == suspended_at(gen_a, uid=uid_a, suspend=suspend_a)

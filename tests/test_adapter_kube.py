@@ -151,6 +151,29 @@ class Cluster:
         wl["spec"]["active"] = active
         api.replace_namespaced_custom_object(*self.wl_args(), wl_name, wl)
 
+    def trainer_writes_status(self, name: str, trainer: k8s.ApiClient) -> None:
+        """As Trainer: a routine TrainJob status write (the status subresource)."""
+        api: Any = k8s.CustomObjectsApi(trainer)
+        tj: Any = api.get_namespaced_custom_object(*self.tj_args(), name)
+        tj["status"] = {
+            "conditions": [
+                {
+                    "type": "Suspended",
+                    "status": "True",
+                    "reason": f"Suspended{uuid.uuid4().hex[:4]}",
+                    "message": "suspended",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ]
+        }
+        api.replace_namespaced_custom_object_status(*self.tj_args(), name, tj)
+
+    def set_suspend(self, name: str, suspend: bool) -> None:
+        """Another writer (an admin, no enforcer here) sets spec.suspend."""
+        self.admin.patch_namespaced_custom_object(
+            *self.tj_args(), name, {"spec": {"suspend": suspend}}
+        )
+
     def bump_trainjob(self, name: str) -> None:
         """Another writer touches the TrainJob (a label), changing its resourceVersion."""
         tj = self.trainjob(name)
@@ -507,6 +530,84 @@ def test_plain_release_with_pods_remaining_writes_nothing(
     assert tj["spec"]["suspend"] is False
     assert tj["metadata"]["annotations"][A.attempt] == "2"
     assert hold_annotations(tj) == {}
+
+
+def pod_lists(adapter: Adapter) -> int:
+    return sum(1 for r in adapter.request_log if (r.verb, r.resource) == ("list", "pods"))
+
+
+def test_the_trainjob_generation_moves_with_its_spec_only(
+    trainer_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """What ``decisions.pod_check_carries_over`` relies on, shown on the real CRD: status
+    and metadata writes leave ``metadata.generation`` alone; a spec.suspend change raises
+    it."""
+    kc.create_trainjob("job", suspend=True)
+    generation = kc.trainjob("job")["metadata"]["generation"]
+    kc.trainer_writes_status("job", trainer_client)
+    kc.bump_trainjob("job")  # a label
+    kc.admin.patch_namespaced_custom_object(
+        *kc.tj_args(), "job", {"metadata": {"annotations": {"x": "y"}}}
+    )
+    assert kc.trainjob("job")["metadata"]["generation"] == generation
+    kc.set_suspend("job", False)
+    kc.set_suspend("job", True)
+    assert kc.trainjob("job")["metadata"]["generation"] == generation + 2
+
+
+def test_a_plain_release_retried_after_a_status_write_lists_the_pods_once(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    trainer_client: k8s.ApiClient,
+    kc: Cluster,
+) -> None:
+    """A conflict from Trainer's status write leaves the TrainJob suspended at the same
+    generation: the retry writes on its read at once, with the first try's pod check (no
+    second LIST between its read and its write)."""
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    make(cluster, supervisor_client, "plain").open(ref, meta())
+    make(cluster, supervisor_client, "plain").hold(ref, meta(1), "r")
+    adapter = make(
+        cluster,
+        supervisor_client,
+        "plain",
+        before_request=interleave(lambda: kc.trainer_writes_status("job", trainer_client), 2),
+    )
+    adapter.release(ref, meta(1))
+    assert len(updates(adapter)) == 3 and pod_lists(adapter) == 1
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is False and hold_annotations(tj) == {}
+    assert tj["metadata"]["annotations"][A.attempt] == "2"
+
+
+def test_a_plain_release_lists_the_pods_again_when_the_job_ran_between_its_tries(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    trainer_client: k8s.ApiClient,
+    kc: Cluster,
+) -> None:
+    """Between the first try's pod check and its write, someone unsuspends the job, a pod
+    starts, and the job is suspended again (no enforcer here to refuse it). The generation
+    moved, so the retry lists the pods again, finds the pod, and writes nothing."""
+    kc.create_trainjob("job", suspend=True)
+    ref = Ref(kc.ns, "job")
+    make(cluster, supervisor_client, "plain").open(ref, meta())
+    make(cluster, supervisor_client, "plain").hold(ref, meta(1), "r")
+
+    def ran_and_stopped() -> None:
+        kc.set_suspend("job", False)
+        make_pod(kc.ns, "job", trainer_client)
+        kc.set_suspend("job", True)
+
+    adapter = make(
+        cluster, supervisor_client, "plain", before_request=interleave(ran_and_stopped, 1)
+    )
+    with pytest.raises(PodsRemain):
+        adapter.release(ref, meta(1))
+    assert len(updates(adapter)) == 1 and pod_lists(adapter) == 2
+    tj = kc.trainjob("job")
+    assert tj["spec"]["suspend"] is True and hold_annotations(tj)[A.hold_instance] == "1"
 
 
 def test_plain_held_before_opened_stays_suspended_after_release(
@@ -1146,25 +1247,11 @@ def test_plain_routine_status_conflict_is_retried(
     """Trainer's status writes bump the TrainJob's resourceVersion: Hold retries."""
     kc.create_trainjob("job", suspend=True)
     ref = Ref(kc.ns, "job")
-    trainer = k8s.CustomObjectsApi(trainer_client)
-
-    def trainer_writes_status() -> None:
-        tj: Any = trainer.get_namespaced_custom_object(*kc.tj_args(), "job")
-        tj["status"] = {
-            "conditions": [
-                {
-                    "type": "Suspended",
-                    "status": "True",
-                    "reason": f"Suspended{uuid.uuid4().hex[:4]}",
-                    "message": "suspended",
-                    "lastTransitionTime": "2026-01-01T00:00:00Z",
-                }
-            ]
-        }
-        trainer.replace_namespaced_custom_object_status(*kc.tj_args(), "job", tj)
-
     adapter = make(
-        cluster, supervisor_client, "plain", before_request=interleave(trainer_writes_status, 2)
+        cluster,
+        supervisor_client,
+        "plain",
+        before_request=interleave(lambda: kc.trainer_writes_status("job", trainer_client), 2),
     )
     adapter.hold(ref, meta(1), "r")
     assert len(updates(adapter)) == 3
