@@ -13,8 +13,8 @@ Prints, for Kueue mode and plain mode:
   PoolManager, so it sees what goes on the wire, not what the adapter thinks it sent),
   next to the adapter's own ``request_count``; Hold should be 2 in steady state;
 - median and p99 latency of Hold and Release (N each, one TrainJob, instance rising);
-- the same client's bare GET+PUT pair (the floor any preconditioned update pays), and the
-  ratio of Hold's median to it;
+- the same client's bare GET+PUT pair (the floor any preconditioned update pays), measured
+  side by side with the calls (alternating rounds), and the ratio of Hold's median to it;
 - the same Hold/Release rounds with the ``AsyncAdapter`` (one event loop, aiohttp): median,
   p99, and its ratio to the bare pair and to the sync adapter's Hold;
 - a conflict storm: a status writer at 20 Hz on the held object while Hold and Release run;
@@ -234,6 +234,20 @@ class Bench:
             self.timed(release, partial(self.adapter.release, ref, self.meta(inst)))
         return skipped
 
+    def side_by_side(self, ref: Ref, n: int, hold: CallStats, release: CallStats) -> list[float]:
+        """n rounds, each one Hold/Release cycle and one bare pair, in alternating order:
+        the baseline is measured beside the calls, not after them, so drift on a noisy
+        machine (a background task, the API server's caches warming) lands on both alike.
+        Returns the bare pairs' latencies."""
+        bare: list[float] = []
+        for i in range(n):
+            if i % 2:
+                bare.extend(self.bare_pair(ref, 1))
+            self.cycle(ref, 1, hold, release)
+            if not i % 2:
+                bare.extend(self.bare_pair(ref, 1))
+        return bare
+
     def bare_pair(self, ref: Ref, n: int) -> list[float]:
         """GET + preconditioned PUT of the held object with the same client, no adapter."""
         res, name = self.held_name(ref)
@@ -405,8 +419,7 @@ def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int, phase: 
         ref = bench.make_job("latency")
         hold, release = CallStats(), CallStats()
         bench.cycle(ref, 5, CallStats(), CallStats())  # warm-up: preflight, Workload cache
-        bench.cycle(ref, n, hold, release)
-        bare = bench.bare_pair(ref, n)
+        bare = bench.side_by_side(ref, n, hold, release)
         res, name = bench.held_name(ref)
         whole = len(json.dumps(bench.custom.get_namespaced_custom_object(*bench.coords(res), name)))
         print(f"\n== {mode} mode, {phase}: steady state, no other writer, N={n} each")
