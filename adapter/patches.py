@@ -50,10 +50,11 @@ def _changed_parts(read: Any, decided: Any) -> tuple[Any, Any]:
     """``read`` and ``decided`` without the mapping entries they share by identity, at
     every depth where both are mappings.
 
-    Invariant: the operations between the two results are exactly those between the two
-    inputs, with the same paths: an entry left out is the same object on both sides (no
-    operation inside it), and every path to a difference runs through entries that are kept,
-    under their own keys.
+    Invariant: the changes between the two results are exactly those between the two
+    inputs, at the same paths: an entry left out is the same object on both sides (no
+    change inside it), and every path to a difference runs through entries that are kept,
+    under their own keys. (jsonpatch may then pick the other of two equal values as a
+    move's source; the merge patch writes both places alike, so the write is the same.)
     """
     if not (isinstance(read, Mapping) and isinstance(decided, Mapping)) or read is decided:
         return read, decided
