@@ -596,16 +596,19 @@ def held_opened(rv: str, *, generation: int = 4, suspend: bool = True) -> dict[s
     return obj
 
 
-def plain_release_answers(tries: list[Answer], first: dict[str, Any]) -> Callable[[Send], Answer]:
-    """GET: ``first``; the pods LIST: no pod; each PATCH: the next of ``tries``."""
-    left = iter(tries)
+def plain_release_answers(
+    tries: list[Answer], *reads: dict[str, Any], pods: list[Any] | None = None
+) -> Callable[[Send], Answer]:
+    """GET: the next of ``reads`` (the last one again once they run out); the pods LIST:
+    the next of ``pods`` (default: no pod, every time); each PATCH: the next of ``tries``."""
+    left, got, listed = iter(tries), list(reads), iter(pods or [])
 
     def answer(send: Send) -> Answer:
         if send.http.method == "PATCH":
             return next(left)
         if send.http.path.endswith("/pods"):
-            return {"items": []}
-        return first
+            return next(listed) if pods else {"items": []}
+        return got.pop(0) if len(got) > 1 else got[0]
 
     return answer
 
@@ -641,6 +644,18 @@ def test_a_plain_release_retried_after_a_status_write_lists_the_pods_once() -> N
     ]
 
 
+def test_a_pod_check_carries_over_to_a_retry_that_reads_with_a_get() -> None:
+    clock = Clock()
+    core = plain_core(clock)
+    steps = drive(
+        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        plain_release_answers([conflict(), None], held_opened("5")),
+        lambda step: ApiStatusError(403, "Forbidden", "{}"),  # retries read with GETs
+    )
+    assert steps[-1] is None, steps[-1]
+    assert len(pod_lists(steps)) == 1  # the same read both times: carried over
+
+
 @pytest.mark.parametrize(
     ("retry_read", "why"),
     [
@@ -667,24 +682,8 @@ def test_a_plain_release_lists_the_pods_again_unless_the_trainjob_stayed_suspend
     core = plain_core(clock)
     steps = drive(
         core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
-        plain_release_answers([conflict(), None], held_opened("5")),
-        lambda step: ApiStatusError(403, "Forbidden", "{}"),  # retries read with GETs
+        plain_release_answers([conflict(), None], held_opened("5"), retry_read),
     )
-    assert steps[-1] is None, steps[-1]
-    assert len(pod_lists(steps)) == 1  # the same read both times: carried over
-
-    gets = iter([held_opened("5"), retry_read])
-    tries = iter([conflict(), None])
-
-    def answer(send: Send) -> Answer:
-        if send.http.method == "PATCH":
-            return next(tries)
-        if send.http.path.endswith("/pods"):
-            return {"items": []}
-        return next(gets)
-
-    core = plain_core(clock)
-    steps = drive(core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)), answer)
     assert steps[-1] is None, (why, steps[-1])
     assert len(pod_lists(steps)) == 2, why
     # Each pod check lies between the read it follows and the write decided on that read.
@@ -698,16 +697,13 @@ def test_a_retry_that_finds_a_pod_after_the_spec_changed_writes_nothing() -> Non
     appeared: the retry lists again, sees it, and refuses; the check did not carry over."""
     clock = Clock()
     core = plain_core(clock)
-    gets = iter([held_opened("5"), held_opened("8", generation=6)])
-    lists = iter([{"items": []}, {"items": [{"metadata": {"name": "llm-node-0"}}]}])
     steps = drive(
         core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
-        lambda send: (
-            conflict()
-            if send.http.method == "PATCH"
-            else next(lists)
-            if send.http.path.endswith("/pods")
-            else next(gets)
+        plain_release_answers(
+            [conflict()],
+            held_opened("5"),
+            held_opened("8", generation=6),
+            pods=[{"items": []}, {"items": [{"metadata": {"name": "llm-node-0"}}]}],
         ),
     )
     assert type(steps[-1]).__name__ == "PodsRemain", steps[-1]
