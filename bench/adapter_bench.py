@@ -11,10 +11,12 @@ next to the PUT of the whole object it replaced.
 Prints, for Kueue mode and plain mode:
 - API requests per call, counted at the HTTP layer (a wrapper around the client's urllib3
   PoolManager, so it sees what goes on the wire, not what the adapter thinks it sent),
-  next to the adapter's own ``request_count``; Hold should be 2 in steady state;
+  next to the adapter's own ``request_count``; in steady state a Kueue-mode Hold is 3 (the
+  TrainJob's and the Workload's GET at once, then the PATCH), a plain-mode Hold 2;
 - median and p99 latency of Hold and Release (N each, one TrainJob, instance rising);
-- the same client's bare GET+PUT pair (the floor any preconditioned update pays), measured
-  side by side with the calls (alternating rounds), and the ratio of Hold's median to it;
+- the same client's bare GET+PUT pair (the floor any preconditioned update pays; every PUT
+  changes the object, so each commits as a Hold does), measured side by side with the calls
+  (alternating rounds), and the ratio of Hold's median to it;
 - the same Hold/Release rounds with the ``AsyncAdapter`` (one event loop, aiohttp): median,
   p99, and its ratio to the bare pair and to the sync adapter's Hold;
 - a conflict storm: a status writer at 20 Hz on the held object while Hold and Release run;
