@@ -17,8 +17,9 @@ Prints, for Kueue mode and plain mode:
 - the same client's bare GET+PUT pair (the floor any preconditioned update pays; every PUT
   changes the object, so each commits as a Hold does), measured side by side with the calls
   (alternating rounds), and the ratio of Hold's median to it;
-- the same Hold/Release rounds with the ``AsyncAdapter`` (one event loop, aiohttp): median,
-  p99, and its ratio to the bare pair and to the sync adapter's Hold;
+- the same Hold/Release rounds with the ``AsyncAdapter`` (one event loop, aiohttp), in the
+  same side-by-side rounds: median, p99, and its ratio to the bare pair and to the sync
+  adapter's Hold;
 - a conflict storm: a status writer at 20 Hz on the held object while Hold and Release run;
   success rate, the retries used (409s seen at the HTTP layer) and their distribution.
 """
@@ -151,6 +152,16 @@ def _shape(entries: list[Sent]) -> str:
     return " + ".join(f"{s.method} {_resource(s.path)}" for s in entries)
 
 
+@dataclass
+class SideBySide:
+    """What the side-by-side rounds measured besides the sync calls' ``CallStats``."""
+
+    bare: list[float] = field(default_factory=list)
+    async_holds: list[float] = field(default_factory=list)
+    async_releases: list[float] = field(default_factory=list)
+    async_errors: int = 0
+
+
 class Bench:
     def __init__(self, cluster: LocalCluster, mode: str, tag: str = "") -> None:
         self.cluster = cluster
@@ -237,19 +248,48 @@ class Bench:
             self.timed(release, partial(self.adapter.release, ref, self.meta(inst)))
         return skipped
 
-    def side_by_side(self, ref: Ref, n: int, hold: CallStats, release: CallStats) -> list[float]:
-        """n rounds, each one Hold/Release cycle and one bare pair, in alternating order:
-        the baseline is measured beside the calls, not after them, so drift on a noisy
-        machine (a background task, the API server's caches warming) lands on both alike.
-        Returns the bare pairs' latencies."""
-        bare: list[float] = []
-        for i in range(n):
-            if i % 2:
-                bare.extend(self.bare_pair(ref, 1))
-            self.cycle(ref, 1, hold, release)
-            if not i % 2:
-                bare.extend(self.bare_pair(ref, 1))
-        return bare
+    def side_by_side(self, ref: Ref, n: int, hold: CallStats, release: CallStats) -> SideBySide:
+        """n rounds, each one sync Hold/Release cycle, one ``AsyncAdapter`` cycle (same
+        identity, its own aiohttp connections) and one bare pair, the three in an order that
+        turns every round, so each takes each place equally often. The baseline is measured
+        beside both adapters, not before or after them, so drift on a noisy machine (a
+        background task, the API server's caches warming) lands on all three alike. The
+        rounds run on one event loop; the sync calls block it, which nothing else needs."""
+        out = SideBySide()
+
+        async def run() -> None:
+            config = Config(mode=self.mode)  # type: ignore[arg-type]
+            async with AsyncAdapter(config, self.api) as adapter:
+                for _ in range(2):  # warm-up: its connections, its Workload cache
+                    await self.async_cycle(adapter, ref, SideBySide())
+                for i in range(n):
+                    kinds = ["sync", "async", "bare"]
+                    for kind in kinds[i % 3 :] + kinds[: i % 3]:
+                        if kind == "sync":
+                            self.cycle(ref, 1, hold, release)
+                        elif kind == "async":
+                            await self.async_cycle(adapter, ref, out)
+                        else:
+                            out.bare.extend(self.bare_pair(ref, 1))
+
+        asyncio.run(run())
+        return out
+
+    async def async_cycle(self, adapter: AsyncAdapter, ref: Ref, out: SideBySide) -> None:
+        """One Hold(i) then Release(i) with ``adapter``: latencies and failures into ``out``."""
+        self.instance += 1
+        inst = self.instance
+        calls: tuple[tuple[list[float], Awaitable[None]], ...] = (
+            (out.async_holds, adapter.hold(ref, self.meta(inst), "bench")),
+            (out.async_releases, adapter.release(ref, self.meta(inst))),
+        )
+        for latencies, call in calls:
+            began = time.perf_counter()
+            try:
+                await call
+            except AdapterError:
+                out.async_errors += 1
+            latencies.append(time.perf_counter() - began)
 
     def bare_pair(self, ref: Ref, n: int) -> list[float]:
         """GET + preconditioned PUT of the held object with the same client, no adapter.
@@ -272,35 +312,6 @@ class Bench:
             if written["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]:
                 raise SystemExit(f"bare PUT of {name} wrote nothing (a no-op): bad baseline")
         return out
-
-
-def async_cycles(bench: Bench, ref: Ref, n: int) -> tuple[list[float], list[float], int]:
-    """``n`` Hold/Release rounds with an ``AsyncAdapter`` (same identity, its own aiohttp
-    connections, one event loop): each call's latency, and how many calls failed."""
-
-    async def run() -> tuple[list[float], list[float], int]:
-        holds: list[float] = []
-        releases: list[float] = []
-        errors = 0
-        config = Config(mode=bench.mode)  # type: ignore[arg-type]
-        async with AsyncAdapter(config, bench.api) as adapter:
-            for _ in range(n):
-                bench.instance += 1
-                inst = bench.instance
-                calls: tuple[tuple[list[float], Awaitable[None]], ...] = (
-                    (holds, adapter.hold(ref, bench.meta(inst), "bench")),
-                    (releases, adapter.release(ref, bench.meta(inst))),
-                )
-                for out, call in calls:
-                    began = time.perf_counter()
-                    try:
-                        await call
-                    except AdapterError:
-                        errors += 1
-                    out.append(time.perf_counter() - began)
-        return holds, releases, errors
-
-    return asyncio.run(run())
 
 
 def _storm_writer(
@@ -431,7 +442,8 @@ def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int, phase: 
         ref = bench.make_job("latency")
         hold, release = CallStats(), CallStats()
         bench.cycle(ref, 5, CallStats(), CallStats())  # warm-up: preflight, Workload cache
-        bare = bench.side_by_side(ref, n, hold, release)
+        rounds = bench.side_by_side(ref, n, hold, release)
+        bare = rounds.bare
         res, name = bench.held_name(ref)
         whole = len(json.dumps(bench.custom.get_namespaced_custom_object(*bench.coords(res), name)))
         print(f"\n== {mode} mode, {phase}: steady state, no other writer, N={n} each")
@@ -458,7 +470,8 @@ def run_mode(cluster: LocalCluster, mode: str, n: int, storm_calls: int, phase: 
         print(f"  Hold median / bare pair median = {ratio:.2f}; Release / bare = {ratio_r:.2f}")
         if hold.errors or release.errors:
             print(f"  errors: hold {dict(hold.errors)} release {dict(release.errors)}")
-        a_hold, a_release, a_errors = async_cycles(bench, ref, n)
+        a_hold, a_release = rounds.async_holds, rounds.async_releases
+        a_errors = rounds.async_errors
         a_ratio = statistics.median(a_hold) / statistics.median(bare)
         print(
             f"  AsyncAdapter n={len(a_hold)} Hold median {ms(statistics.median(a_hold))}"
