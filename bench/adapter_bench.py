@@ -16,7 +16,7 @@ Prints, for Kueue mode and plain mode:
 - median and p99 latency of Hold and Release (N each, one TrainJob, instance rising);
 - the same client's bare GET+PUT pair (the floor any preconditioned update pays; every PUT
   changes the object, so each commits as a Hold does), measured side by side with the calls
-  (alternating rounds), and the ratio of Hold's median to it;
+  (rounds whose order turns), and the ratio of Hold's median to it;
 - the same Hold/Release rounds with the ``AsyncAdapter`` (one event loop, aiohttp), in the
   same side-by-side rounds: median, p99, and its ratio to the bare pair and to the sync
   adapter's Hold;
@@ -262,8 +262,8 @@ class Bench:
             async with AsyncAdapter(config, self.api) as adapter:
                 for _ in range(2):  # warm-up: its connections, its Workload cache
                     await self.async_cycle(adapter, ref, SideBySide())
+                kinds = ["sync", "async", "bare"]
                 for i in range(n):
-                    kinds = ["sync", "async", "bare"]
                     for kind in kinds[i % 3 :] + kinds[: i % 3]:
                         if kind == "sync":
                             self.cycle(ref, 1, hold, release)
@@ -296,9 +296,8 @@ class Bench:
 
         Every PUT changes the object (a counter that never repeats), so each one commits a
         new resourceVersion to etcd as a Hold does. An unchanged PUT is a no-op the API
-        server answers without writing to etcd: a baseline made of those is about 1.4 ms
-        too cheap here, which is what the bare pairs of stop 18 were (they wrote the same
-        value every round). A PUT that did not move the resourceVersion stops the run."""
+        server answers without writing to etcd, and a baseline made of those is about
+        1.4 ms too cheap here. A PUT that did not move the resourceVersion stops the run."""
         res, name = self.held_name(ref)
         custom: Any = k8s.CustomObjectsApi(self.api)
         out = []
