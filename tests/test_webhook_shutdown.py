@@ -18,6 +18,7 @@ import json
 import ssl
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ from tests.enforcer_tls import (
     read_response,
     request_bytes,
     review_body,
+    serving,
 )
+from webhook.server import STOP_GRACE_SECONDS
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 
@@ -292,6 +295,36 @@ async def test_rolling_restart_under_load_fails_no_review(tmp_path: Path) -> Non
     assert tally.failed == [], (tally.failed[:10], len(tally.failed))
     assert tally.answered > before + 100, tally
     assert tally.reconnects >= 8 + 2  # the clients did move from the old servers
+
+
+async def test_stop_without_a_drain_ends_in_seconds_with_a_request_in_progress(
+    tmp_path: Path,
+) -> None:
+    """stop() is the hard end after the drain (or instead of it): a request whose body
+    stopped arriving gets STOP_GRACE_SECONDS, then the connection is closed. Before, aiohttp
+    waited its default 60 s for it (twice over), which outlasts the Pod's grace period."""
+    async with asyncio.timeout(150):
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with serving(tmp_path, body_timeout=timedelta(seconds=60)) as served:
+                reader, writer = await open_tls(served.port, served.context)
+                body = review_body()
+                request = request_bytes(body)
+                writer.write(request[: len(request) - len(body) // 2])  # half of the body
+                await writer.drain()
+                for _ in range(500):  # the handler has the headers: a request in progress
+                    if served.server.guard.in_progress == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                assert served.server.guard.in_progress == 1
+                stopping = time.monotonic()
+            took = time.monotonic() - stopping
+            # Its grace, and room for a busy machine; far from the 60 s it was.
+            assert STOP_GRACE_SECONDS <= took < STOP_GRACE_SECONDS + 4.0, took
+            assert await closed_by_peer(reader)
+        finally:
+            if writer is not None:
+                close_quietly(writer)
 
 
 # --- the Deployment agrees with the drain -----------------------------------------------------

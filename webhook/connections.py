@@ -287,6 +287,11 @@ class ConnectionGuard:
         self._by_handler[conn.handler] = conn
         return True
 
+    @property
+    def in_progress(self) -> int:
+        """Connections with a request being read, handled or answered."""
+        return sum(1 for conn in self._by_handler.values() if conn.busy and not conn.closed)
+
     def forget(self, conn: _Conn) -> None:
         """The connection is gone (or is being aborted): count it out, once."""
         if conn.closed:

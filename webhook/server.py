@@ -18,7 +18,6 @@ while the injected caBundle trusts the certificate served: certs/selfmanaged.py)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -67,6 +66,13 @@ log = logging.getLogger("holdwarden.webhook")
 SWITCH_INTERVAL = 0.0005
 # How long the Events sink may write its queue at shutdown; the rest is counted as dropped.
 SINK_DRAIN_SECONDS = 2.0
+# stop() comes after the drain, so what is still in flight then is past its drainTimeout:
+# a request gets this long to be answered before its handler is cancelled (aiohttp's
+# default is 60 s, waited twice per connection). The whole stop fits in the 5 s the Pod's
+# grace period leaves after the drain (test_webhook_shutdown), with the Lease's release.
+STOP_GRACE_SECONDS = 1.0
+# How long stop() waits for the certificate watch to end, Lease release included.
+TLS_STOP_SECONDS = 2.0
 # The kube-apiserver decodes JSON with Go's encoding/json (and k8s.io/apimachinery's
 # util/json), which refuse nesting deeper than 10,000 levels; so an object it stores is at
 # most that deep, and a review embeds it 3 levels down. msgspec (like Python's json) counts
@@ -545,7 +551,9 @@ class EnforcerServer:
         self.metrics.track_audit(self.audit)
         self._watch = asyncio.create_task(tls.watch())
 
-        metrics_runner = web.AppRunner(build_metrics_app(self.metrics, self.state))
+        metrics_runner = web.AppRunner(
+            build_metrics_app(self.metrics, self.state), shutdown_timeout=STOP_GRACE_SECONDS
+        )
         await metrics_runner.setup()
         self._runners.append(metrics_runner)
         host, port = split_address(self.config.webhook.metrics_address)
@@ -572,6 +580,7 @@ class EnforcerServer:
             max_field_size=MAX_FIELD_SIZE,
             max_line_size=MAX_LINE_SIZE,
             read_bufsize=PAYLOAD_BUFFER,
+            shutdown_timeout=STOP_GRACE_SECONDS,
         )
         await runner.setup()
         self._runners.append(runner)
@@ -664,16 +673,32 @@ class EnforcerServer:
         )
 
     async def stop(self) -> None:
+        """Stop now, whether or not ``drain()`` came first, in bounded time.
+
+        A request in progress gets ``STOP_GRACE_SECONDS`` to be answered, then its handler
+        is cancelled and any connection left (one still in its TLS handshake, say) is
+        aborted; the certificate watch gets ``TLS_STOP_SECONDS`` (a Lease it holds is
+        released within that); then the audit trail and its sinks are closed. So stop()
+        takes seconds whatever a client or the apiserver does.
+        """
         self.state.ready = False
         await self.guard.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        cut = self.guard.abort_all()
+        if cut:
+            log.warning("stop cut off connections", extra={"fields": {"connections": cut}})
         if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
-            self._watch = None
+            watch, self._watch = self._watch, None
+            watch.cancel()
+            done, _ = await asyncio.wait({watch}, timeout=TLS_STOP_SECONDS)
+            if not done:
+                # Its thread ends by itself (the elector's stop is bounded too); waiting
+                # for it here would spend the grace period the audit flush needs.
+                log.warning("the certificate watch did not end within %gs", TLS_STOP_SECONDS)
+            elif not watch.cancelled() and watch.exception() is not None:
+                log.warning("the certificate watch ended with %r", watch.exception())
         await self.audit.aclose()
         # After the sites: no refusal can come any more. Each drain is bounded, and both
         # fit in the 5 s the Pod's grace period leaves after the drain (deployment.yaml).
