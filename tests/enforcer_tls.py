@@ -28,6 +28,7 @@ import yaml
 from certs.generate import KeyPair, generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
+from holdwarden.localcluster.ports import free_port
 from tests.review_samples import review, trainjob
 from webhook.server import EnforcerServer
 
@@ -160,8 +161,8 @@ class ServeProcess:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.pki = pki
-        self.port = _free_port()
-        self.metrics_port = _free_port()
+        self.port = free_port()
+        self.metrics_port = free_port()
         config = {
             "webhook": {
                 "listenAddress": f"127.0.0.1:{self.port}",
@@ -239,14 +240,6 @@ class ServeProcess:
         self._log.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def rss_kib(pid: int, field: str = "VmRSS:") -> int:
     """The process's resident memory now (VmRSS), or at its peak (``VmHWM:``), in KiB."""
     with open(f"/proc/{pid}/status") as status:
@@ -271,9 +264,31 @@ def run_in_thread(server: EnforcerServer, name: str = "enforcer") -> Callable[[]
         raise
 
     def stop() -> None:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
+        stopping = asyncio.run_coroutine_threadsafe(server.stop(), loop)
+        try:
+            stopping.result(30)
+        except TimeoutError:
+            # Say where it hangs, and do not leave the loop (and its threads) running
+            # into the next test.
+            stacks = "\n".join(_task_stacks(loop))
+            raise AssertionError(f"EnforcerServer.stop() did not end in 30 s:\n{stacks}") from None
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(30)
+            if not thread.is_alive():
+                loop.close()
 
     return stop
+
+
+def _task_stacks(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """Each unfinished task of ``loop`` with the line it waits on (read from another thread:
+    a snapshot, good enough to say where a stop hangs)."""
+    lines = []
+    for task in list(asyncio.all_tasks(loop)):
+        frames = task.get_stack(limit=8)
+        where = " <- ".join(
+            f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in frames
+        )
+        lines.append(f"{task.get_name()}: {where}")
+    return lines

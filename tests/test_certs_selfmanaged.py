@@ -36,6 +36,7 @@ from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
+from holdwarden.localcluster.ports import free_port
 from holdwarden.vocabulary import TRAINJOB, Annotations
 from tests.enforcer_tls import run_in_thread
 from tests.kustomize_render import render
@@ -52,13 +53,6 @@ LABEL = "holdwarden.io/self-managed-test"
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = "holdwarden-certificates"
 FAST_LEASE = ElectionTiming(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -19,9 +19,9 @@ from certs.selfmanaged import SelfManagedTLS
 from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
 from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster.ports import free_port
 from tests.test_certs_selfmanaged import (
     config_for,
-    free_port,
     fresh_scene,
     refused_probe,
     settings,

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -43,6 +42,7 @@ from kubernetes import client as k8s
 
 from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
 from holdwarden.localcluster.binaries import Binaries, ensure_binaries
+from holdwarden.localcluster.ports import free_port
 from holdwarden.localcluster.rbac import IDENTITY_RBAC
 from holdwarden.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
 
@@ -88,13 +88,6 @@ def find_crd_dir() -> tuple[Path, str]:
         "no CRDs found: expected the CRD files in $HOLDWARDEN_CRDS, ../shared/crds or "
         f"tests/crds (looked in {', '.join(str(c[0]) for c in candidates)})"
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _die_with_parent() -> None:
@@ -316,7 +309,7 @@ class LocalCluster:
         return process
 
     def _start_etcd(self, etcd: Path) -> None:
-        client_port, peer_port = _free_port(), _free_port()
+        client_port, peer_port = free_port(), free_port()
         self._etcd_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         self._spawn(
@@ -341,7 +334,7 @@ class LocalCluster:
         )
 
     def _start_apiserver(self, kube_apiserver: Path) -> None:
-        port = _free_port()
+        port = free_port()
         self.server_url = f"https://127.0.0.1:{port}"
         work = self.workdir
         self._spawn(

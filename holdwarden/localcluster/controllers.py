@@ -67,6 +67,7 @@ from kubernetes import client as k8s
 
 from certs.generate import generate_client, generate_serving
 from holdwarden.localcluster.binaries import COMPONENTS, cache_dir, controller_binaries
+from holdwarden.localcluster.ports import free_port
 
 if TYPE_CHECKING:
     from holdwarden.localcluster.cluster import LocalCluster
@@ -614,7 +615,7 @@ class _Setup:
         work = self.root / "kueue"
         cert_dir = work / "certs"
         cert_dir.mkdir(parents=True, exist_ok=True)
-        port, health = _free_port(), _free_port()
+        port, health = free_port(), free_port()
         service, secret = "kueue-webhook-service", "kueue-webhook-server-cert"
         files = rotator_secret("kueue-ca", "kueue", f"{service}.{KUEUE_NAMESPACE}.svc")
         # As a kubelet would mount the Secret: the rotator only checks that the files exist.
@@ -701,7 +702,7 @@ class _Setup:
         root = module_root("github.com/kubeflow/trainer/v2", component.version)
         manifests = root / "manifests" / "base"
         work = self.root / "trainer"
-        port, health = _free_port(), _free_port()
+        port, health = free_port(), free_port()
         account = "kubeflow-trainer-controller-manager"
         # controller-runtime's default cert dir, under the TMPDIR that spawn() sets.
         ca_pem = self._serving(
@@ -742,7 +743,7 @@ class _Setup:
         root = module_root("sigs.k8s.io/jobset", component.version)
         config = root / "config" / "components"
         work = self.root / "jobset"
-        port, health = _free_port(), _free_port()
+        port, health = free_port(), free_port()
         account = "jobset-controller-manager"
         cert_dir = work / "certs"
         ca_pem = self._serving("jobset-webhook-service", JOBSET_NAMESPACE, cert_dir)
@@ -878,12 +879,6 @@ def _is_ready(controller: Controller) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
-
-
-def _free_port() -> int:
-    from holdwarden.localcluster.cluster import _free_port as free_port
-
-    return free_port()
 
 
 def start_controllers(cluster: LocalCluster, names: Sequence[str]) -> RealControllers:

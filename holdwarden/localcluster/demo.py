@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from holdwarden.localcluster import (
     LocalCluster,
 )
 from holdwarden.localcluster.builders import kueue_workload_body, trainjob_body
+from holdwarden.localcluster.ports import free_port
 from holdwarden.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
@@ -96,13 +96,6 @@ def _holdwarden(*args: str) -> list[str]:
     return [sys.executable, "-m", "holdwarden.cli", *args]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _deadline(seconds: float = 30) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 
@@ -118,7 +111,7 @@ def _enforcer(workdir: Path) -> Iterator[tuple[str, Path, Path]]:
         ),
         check=True,
     )  # fmt: skip
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     audit_log = workdir / "audit.jsonl"
     config_path = workdir / "config.yaml"
     config_path.write_text(

@@ -1,0 +1,38 @@
+"""free_port: the ports the local control plane and the test servers bind later."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from holdwarden.localcluster import ports
+from holdwarden.localcluster.ports import ephemeral_range, free_port
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:
+    """A port an outgoing connection can take (the ephemeral range) is never handed out:
+    kube-apiserver once failed to start with "address already in use" on such a port."""
+    low, high = ephemeral_range()
+    assert 1024 < low <= high
+    ports = [free_port() for _ in range(50)]
+    assert all(10000 <= port < low for port in ports), ports
+    assert len(set(ports)) == len(ports)  # none handed out twice, though none is bound yet
+    for port in ports[:5]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        with socket.socket() as spare_sock:
+            spare_sock.bind(("127.0.0.1", 0))
+            spare = spare_sock.getsockname()[1]
+        draws = iter([taken, spare])
+        monkeypatch.setattr(random, "randrange", lambda *_: next(draws))
+        monkeypatch.setattr(ports, "ephemeral_range", lambda: (65000, 65535))
+        assert ports.free_port() == spare
