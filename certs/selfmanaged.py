@@ -64,6 +64,9 @@ from holdwarden.config import CertificatesConfig, Config
 from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespace
 
 log = logging.getLogger("holdwarden.certs.selfmanaged")
+# How long the watch's end may take to stop campaigning and release the Lease: less than
+# the EnforcerServer waits for it at stop (webhook.server.TLS_STOP_SECONDS).
+LEASE_STOP_SECONDS = 1.5
 
 MAX_STEPS = 8  # writes per interval at most: create, inject, ... then wait for the next
 MAX_BACKOFF = 8  # intervals between tries after failures, at most
@@ -276,7 +279,7 @@ class SelfManagedTLS:
                     log.exception("self-managed certificates: sync failed")
                 await asyncio.sleep(interval * min(2 ** max(failures - 1, 0), MAX_BACKOFF))
         finally:
-            await asyncio.to_thread(self.elector.stop)
+            await asyncio.to_thread(self.elector.stop, timeout=LEASE_STOP_SECONDS)
 
     # -- one sync (worker thread) -------------------------------------------------------
 

@@ -131,6 +131,10 @@ class LeaseElector:
             renewed = self._renewed_at
         return renewed is not None and self._clock() - renewed < self.timing.renew_deadline
 
+    def campaigning(self) -> bool:
+        """True while the campaign thread runs (a step on the wire may outlive stop())."""
+        return self._thread is not None and self._thread.is_alive()
+
     def holder(self) -> str | None:
         """The holder last seen in the Lease (None before the first read or when empty)."""
         with self._lock:
@@ -144,17 +148,26 @@ class LeaseElector:
         self._thread.start()
 
     def stop(self, *, release: bool = True, timeout: float = 10.0) -> None:
-        """Stop campaigning; release the Lease if we hold it (bounded by ``timeout``)."""
+        """Stop campaigning and release the Lease if we hold it, all within ``timeout``.
+
+        Half of it waits for a campaign step on the wire to end; the release's read and
+        write share the rest. A step still running after that ends on its own (it is a
+        daemon thread and sees the stop), and its write cannot undo the release: both
+        carry the resourceVersion they read, so the later one gets a 409.
+        """
+        deadline = self._clock() + timeout
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(timeout / 2)
         with self._lock:
             self._renewed_at = None
         self._notify(False)
         # Release whenever the Lease last named us, even if our renewals had lapsed: no
         # one else has taken it then, and emptying it saves the followers a full duration.
         if release and self.holder() == self.identity:
-            self._release()
+            per_request = min(self._request_timeout, (deadline - self._clock()) / 2)
+            if per_request > 0:
+                self._release(per_request)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -170,9 +183,11 @@ class LeaseElector:
             self._stop.wait(period if leading else period * random.uniform(1.0, JITTER))
 
     def _notify(self, leading: bool) -> None:
-        if leading == self._leading:
-            return
-        self._leading = leading
+        # Both the campaign thread and stop() report; each change is reported once.
+        with self._lock:
+            if leading == self._leading:
+                return
+            self._leading = leading
         if leading:
             self.transitions += 1
             log.info("lease %s/%s: %s is the leader", self.namespace, self.name, self.identity)
@@ -264,7 +279,10 @@ class LeaseElector:
     def _won(self, started: float, lease: Any) -> None:
         spec = lease.spec
         with self._lock:
-            self._renewed_at = started
+            # A step that was on the wire when stop() gave up waiting for it must not make
+            # us the leader again; the Lease it wrote expires (or stop() empties it).
+            if not self._stop.is_set():
+                self._renewed_at = started
             self._observed = (
                 spec.holder_identity or None,
                 spec.lease_duration_seconds,
@@ -274,11 +292,11 @@ class LeaseElector:
             )
             self._observed_at = started
 
-    def _release(self) -> None:
+    def _release(self, request_timeout: float) -> None:
         """Empty the holder (if it is still us) so a follower takes over at once."""
         try:
             lease = self._api.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self._request_timeout
+                self.name, self.namespace, _request_timeout=request_timeout
             )
             spec = lease.spec
             if spec is None or spec.holder_identity != self.identity:
@@ -287,7 +305,7 @@ class LeaseElector:
             spec.lease_duration_seconds = 1
             spec.renew_time = datetime.now(UTC)
             self._api.replace_namespaced_lease(
-                self.name, self.namespace, lease, _request_timeout=self._request_timeout
+                self.name, self.namespace, lease, _request_timeout=request_timeout
             )
             log.info("lease %s/%s: released by %s", self.namespace, self.name, self.identity)
         except Exception as exc:  # best effort: the lease expires anyway

@@ -66,9 +66,11 @@ class Replica:
         return self.server.state.ready and self.tls.unready_reason() is None
 
 
-def start_replica(config: Config, api: k8s.ApiClient, identity: str) -> Replica:
+def start_replica(
+    config: Config, api: k8s.ApiClient, identity: str, timing: ElectionTiming = FAST_LEASE
+) -> Replica:
     """An EnforcerServer in its own thread and event loop, its TLS from SelfManagedTLS."""
-    tls = SelfManagedTLS(config, api, identity=identity, timing=FAST_LEASE)
+    tls = SelfManagedTLS(config, api, identity=identity, timing=timing)
     server = EnforcerServer(config, tls=tls)
     stop = run_in_thread(server, f"enforcer-{identity}")
     return Replica(server, tls, server.port, stop)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client as k8s
@@ -20,6 +21,7 @@ from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.ports import free_port
+from tests.netfaults import FreezableProxy
 from tests.test_certs_selfmanaged import (
     config_for,
     fresh_scene,
@@ -29,6 +31,7 @@ from tests.test_certs_selfmanaged import (
     wait_for,
     webhook_configuration,
 )
+from webhook.server import STOP_GRACE_SECONDS, TLS_STOP_SECONDS
 
 FAST_LEASE = ElectionTiming(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)
 
@@ -138,3 +141,51 @@ def test_when_the_leader_stops_the_other_replica_takes_over_the_renewals(
         for i, replica in enumerate(replicas):
             if i not in stopped:
                 replica.stop()
+
+
+@pytest.mark.controlplane
+def test_a_leader_whose_apiserver_goes_silent_still_stops_in_seconds(
+    setup: tuple[str, str], cluster: LocalCluster, admin_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """The Lease's production timings, so a campaign request may take 10 s. The path to the
+    apiserver goes silent while this replica leads; its stop() must still end, the Lease
+    elector stopped, within its bound, since the Pod's grace period leaves 5 s after the
+    drain. Before, the end of the certificate watch waited up to 10 s for the campaign step
+    on the wire and then up to 10 s for each of the Lease release's two requests, so the
+    replica still counted itself the leader when stop() had given up on it."""
+    namespace, token = setup
+    apiserver = urlsplit(cluster.server_url)
+    assert apiserver.hostname is not None and apiserver.port is not None
+    proxy = FreezableProxy((apiserver.hostname, apiserver.port))
+    configuration = cluster.configuration()
+    configuration.host = f"https://127.0.0.1:{proxy.port}"
+    api = k8s.ApiClient(configuration)
+    port = free_port()
+    certs = settings(namespace, token)
+    k8s.AdmissionregistrationV1Api(admin_client).create_validating_webhook_configuration(
+        webhook_configuration(certs.webhook_configuration, token, [port])
+    )
+    replica = start_replica(config_for(certs, port, tmp_path), api, "silenced", ElectionTiming())
+    stopped = False
+    try:
+        wait_for("ready", replica.ready, 60)
+        assert replica.tls.elector.is_leader()
+        proxy.freeze()
+        # The next campaign step (every 2 s) and certificate sync now wait on the wire.
+        time.sleep(2.5)
+        started = time.monotonic()
+        replica.stop()
+        stopped = True
+        took = time.monotonic() - started
+        assert took < STOP_GRACE_SECONDS + TLS_STOP_SECONDS + 2.0, took
+        assert not replica.tls.elector.is_leader()
+        # The campaign step that was on the wire gets its answer now; it must not make the
+        # stopped replica the leader again.
+        proxy.thaw()
+        wait_for("campaign ended", lambda: not replica.tls.elector.campaigning(), 30)
+        assert not replica.tls.elector.is_leader()
+    finally:
+        if not stopped:
+            replica.stop()
+        proxy.close()
+        api.close()  # type: ignore[no-untyped-call]
