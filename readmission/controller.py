@@ -252,8 +252,9 @@ class ReadmissionGate:
         return self.elector.identity if self.elector is not None else None
 
     def may_write(self) -> bool:
-        """True while this replica is the leader (always, without leader election)."""
-        return self.elector is None or self.elector.is_leader()
+        """True while this replica is the leader (always, without leader election) and has
+        not been told to stop."""
+        return not self._stop.is_set() and (self.elector is None or self.elector.is_leader())
 
     def synced(self) -> bool:
         """Every cache has been filled by its first LIST."""
@@ -269,17 +270,25 @@ class ReadmissionGate:
             self.elector.start()
 
     def stop(self, *, release: bool = True, timeout: float = 10.0) -> None:
-        """Stop the worker first (no write after this returns, bar one already on the wire),
-        then release the Lease and end the watches; every join is bounded by ``timeout``."""
+        """Stop within ``timeout`` in all, even with the apiserver silent.
+
+        From the first line on no write starts (``may_write`` is False), bar one that has
+        passed its check already. A third of the time waits for the worker, a third for the
+        Lease's release, and the watches share what is left; a thread still in a request
+        then ends on its own (they are daemon threads, and each sees the stop).
+        """
+        deadline = time.monotonic() + timeout
         self._stop.set()
         self.queue.shutdown()
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - timeout * 2 / 3 - time.monotonic()))
         if self.elector is not None:
-            self.elector.stop(release=release, timeout=timeout)
+            self.elector.stop(
+                release=release, timeout=max(0.0, deadline - timeout / 3 - time.monotonic())
+            )
         for inf in self.informers:
-            if not inf.join(timeout):
-                log.warning("informer %s did not stop within %.0fs", inf.name, timeout)
+            if not inf.join(max(0.0, deadline - time.monotonic())):
+                log.warning("informer %s did not stop within %.1fs", inf.name, timeout)
 
     # -- event handlers (informer threads): map a change to the keys it affects -----------
 

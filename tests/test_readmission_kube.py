@@ -11,6 +11,7 @@ import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -31,6 +32,7 @@ from readmission.controller import (
 )
 from readmission.decisions import granted_attempt
 from tests.actors import KueueActor, TrainerActor
+from tests.netfaults import FreezableProxy
 
 NOTES = Annotations()
 
@@ -244,6 +246,47 @@ def test_gate_thread_leads_resyncs_and_stops_promptly(
         f"lease-{check_name}", "default"
     )
     assert lease.spec is not None and not lease.spec.holder_identity, "the lease was not released"
+
+
+def test_gate_stops_within_its_bound_when_the_apiserver_goes_silent(
+    cluster: LocalCluster, check_name: str
+) -> None:
+    """Production Lease timings (a request may take 10 s); the path to the apiserver goes
+    silent while the gate leads. stop(timeout=3) must end in about 3 s, and no write may
+    start from its first line on. Before, the worker, the Lease's release (10 s a request)
+    and each watch were each waited on for the whole timeout, one after another."""
+    apiserver = urlsplit(cluster.server_url)
+    assert apiserver.hostname is not None and apiserver.port is not None
+    proxy = FreezableProxy((apiserver.hostname, apiserver.port))
+    api = cluster.api_client(ENFORCER_IDENTITY)
+    api.configuration.host = f"https://127.0.0.1:{proxy.port}"
+    config = gate_config(
+        check_name,
+        lease_duration=timedelta(seconds=15),
+        renew_deadline=timedelta(seconds=10),
+        retry_period=timedelta(seconds=2),
+    )
+    gate = ReadmissionGate(config, api)
+    gate.start()
+    stopped = False
+    try:
+        deadline = time.monotonic() + 30
+        while not (gate.synced() and gate.may_write()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gate.synced() and gate.may_write(), "no cache sync or no lease within 30s"
+        proxy.freeze()
+        time.sleep(2.5)  # the next Lease renewal (every 2 s) now waits on the wire
+        started = time.monotonic()
+        gate.stop(timeout=3)
+        stopped = True
+        took = time.monotonic() - started
+        assert not gate.may_write()
+        assert took < 3 + 1.5, f"stop took {took:.1f}s"
+    finally:
+        if not stopped:
+            gate.stop(timeout=3)
+        proxy.close()
+        api.close()  # type: ignore[no-untyped-call]
 
 
 def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(

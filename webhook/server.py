@@ -73,6 +73,8 @@ SINK_DRAIN_SECONDS = 2.0
 STOP_GRACE_SECONDS = 1.0
 # How long stop() waits for the certificate watch to end, Lease release included.
 TLS_STOP_SECONDS = 2.0
+# How long the readmission gate may take to stop beside it (readmission/controller.py).
+GATE_STOP_SECONDS = 3.0
 # The kube-apiserver decodes JSON with Go's encoding/json (and k8s.io/apimachinery's
 # util/json), which refuse nesting deeper than 10,000 levels; so an object it stores is at
 # most that deep, and a review embeds it 3 levels down. msgspec (like Python's json) counts
@@ -745,9 +747,11 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
             log.info("stopping")
         await server.drain()
     finally:
+        # Side by side, so the exit takes the longer of the two, not their sum.
+        stopping = [server.stop()]
         if gate is not None:
-            await asyncio.get_running_loop().run_in_executor(None, gate.stop)
-        await server.stop()
+            stopping.append(asyncio.to_thread(gate.stop, timeout=GATE_STOP_SECONDS))
+        await asyncio.gather(*stopping)
 
 
 def _start_readmission_gate(config: Config, registry: Any) -> Any:
