@@ -68,8 +68,9 @@ SWITCH_INTERVAL = 0.0005
 SINK_DRAIN_SECONDS = 2.0
 # stop() comes after the drain, so what is still in flight then is past its drainTimeout:
 # a request gets this long to be answered before its handler is cancelled (aiohttp's
-# default is 60 s, waited twice per connection). The whole stop fits in the 5 s the Pod's
-# grace period leaves after the drain (test_webhook_shutdown), with the Lease's release.
+# default is 60 s, waited twice per connection). After a drain nothing is in flight, and
+# stop() is bounded by TLS_STOP_SECONDS plus the sinks' drains (1 s and SINK_DRAIN_SECONDS),
+# within the 5 s the Pod's grace period leaves after the drain; the gate stops alongside.
 STOP_GRACE_SECONDS = 1.0
 # How long stop() waits for the certificate watch to end, Lease release included.
 TLS_STOP_SECONDS = 2.0
