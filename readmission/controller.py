@@ -277,17 +277,19 @@ class ReadmissionGate:
         Lease's release, and the watches share what is left; a thread still in a request
         then ends on its own (they are daemon threads, and each sees the stop).
         """
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+
+        def left_until(share: float) -> float:
+            return max(0.0, started + timeout * share - time.monotonic())
+
         self._stop.set()
         self.queue.shutdown()
         for thread in self._threads:
-            thread.join(max(0.0, deadline - timeout * 2 / 3 - time.monotonic()))
+            thread.join(left_until(1 / 3))
         if self.elector is not None:
-            self.elector.stop(
-                release=release, timeout=max(0.0, deadline - timeout / 3 - time.monotonic())
-            )
+            self.elector.stop(release=release, timeout=left_until(2 / 3))
         for inf in self.informers:
-            if not inf.join(max(0.0, deadline - time.monotonic())):
+            if not inf.join(left_until(1)):
                 log.warning("informer %s did not stop within %.1fs", inf.name, timeout)
 
     # -- event handlers (informer threads): map a change to the keys it affects -----------

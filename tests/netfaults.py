@@ -6,6 +6,7 @@ import contextlib
 import socket
 import threading
 import time
+from urllib.parse import urlsplit
 
 
 class FreezableProxy:
@@ -22,6 +23,18 @@ class FreezableProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+
+    @classmethod
+    def in_front_of(cls, url: str) -> FreezableProxy:
+        """A proxy to the server at ``url`` (scheme://host:port)."""
+        server = urlsplit(url)
+        assert server.hostname is not None and server.port is not None, url
+        return cls((server.hostname, server.port))
+
+    @property
+    def url(self) -> str:
+        """The apiserver's URL through this proxy (127.0.0.1 is in its certificate)."""
+        return f"https://127.0.0.1:{self.port}"
 
     def freeze(self) -> None:
         self.frozen.set()

@@ -11,7 +11,6 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client as k8s
@@ -154,11 +153,9 @@ def test_a_leader_whose_apiserver_goes_silent_still_stops_in_seconds(
     on the wire and then up to 10 s for each of the Lease release's two requests, so the
     replica still counted itself the leader when stop() had given up on it."""
     namespace, token = setup
-    apiserver = urlsplit(cluster.server_url)
-    assert apiserver.hostname is not None and apiserver.port is not None
-    proxy = FreezableProxy((apiserver.hostname, apiserver.port))
+    proxy = FreezableProxy.in_front_of(cluster.server_url)
     configuration = cluster.configuration()
-    configuration.host = f"https://127.0.0.1:{proxy.port}"
+    configuration.host = proxy.url
     api = k8s.ApiClient(configuration)
     port = free_port()
     certs = settings(namespace, token)

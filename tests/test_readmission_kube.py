@@ -11,7 +11,6 @@ import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -255,11 +254,9 @@ def test_gate_stops_within_its_bound_when_the_apiserver_goes_silent(
     silent while the gate leads. stop(timeout=3) must end in about 3 s, and no write may
     start from its first line on. Before, the worker, the Lease's release (10 s a request)
     and each watch were each waited on for the whole timeout, one after another."""
-    apiserver = urlsplit(cluster.server_url)
-    assert apiserver.hostname is not None and apiserver.port is not None
-    proxy = FreezableProxy((apiserver.hostname, apiserver.port))
+    proxy = FreezableProxy.in_front_of(cluster.server_url)
     api = cluster.api_client(ENFORCER_IDENTITY)
-    api.configuration.host = f"https://127.0.0.1:{proxy.port}"
+    api.configuration.host = proxy.url
     config = gate_config(
         check_name,
         lease_duration=timedelta(seconds=15),
