@@ -157,6 +157,14 @@ class ReadmissionConfig:
     retry_period: timedelta = timedelta(seconds=2)
     # Server-side timeoutSeconds of each watch request; the watch resumes after it.
     watch_timeout: timedelta = timedelta(minutes=5)
+    # MultiKueue (readmission.multiKueue): on a manager cluster, a job MultiKueue dispatches
+    # is readmitted only once every worker cluster has been counted clear, through the
+    # kubeconfig Secrets its MultiKueueClusters name. Those Secrets live in Kueue's
+    # namespace; each request to a worker is bounded by workerTimeout (no retries), and a
+    # worker that failed is not asked again for workerRecheck (it stays "pods may remain").
+    multikueue_kueue_namespace: str = "kueue-system"
+    multikueue_worker_timeout: timedelta = timedelta(seconds=5)
+    multikueue_worker_recheck: timedelta = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -275,6 +283,23 @@ class Config:
         hook.finish()
         gate = root.pop_section("readmission")
         gate_defaults = ReadmissionConfig()
+        multikueue = gate.pop_section("multiKueue")
+        mk_namespace = multikueue.pop_str(
+            "kueueNamespace", gate_defaults.multikueue_kueue_namespace
+        )
+        if _DNS_LABEL_RE.fullmatch(mk_namespace) is None:
+            raise ConfigError(
+                "readmission.multiKueue.kueueNamespace",
+                f"{mk_namespace!r} is not a namespace name; name the namespace Kueue runs in, "
+                "e.g. 'kueue-system'",
+            )
+        mk_timeout = _positive_duration(
+            multikueue, "workerTimeout", gate_defaults.multikueue_worker_timeout
+        )
+        mk_recheck = _positive_duration(
+            multikueue, "workerRecheck", gate_defaults.multikueue_worker_recheck
+        )
+        multikueue.finish()
         readmission = ReadmissionConfig(
             enabled=gate.pop_bool("enabled", gate_defaults.enabled),
             controller_name=gate.pop_str("controllerName", gate_defaults.controller_name),
@@ -294,6 +319,9 @@ class Config:
             watch_timeout=parse_duration(
                 gate.pop_str("watchTimeout", "5m"), "readmission.watchTimeout"
             ),
+            multikueue_kueue_namespace=mk_namespace,
+            multikueue_worker_timeout=mk_timeout,
+            multikueue_worker_recheck=mk_recheck,
         )
         if not readmission.controller_name:
             raise ConfigError("readmission.controllerName", "must not be empty")

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
 from holdwarden.vocabulary import (
+    MULTIKUEUE_CONTROLLER,
     QUEUE_NAME_LABEL,
     TRAINJOB,
     Annotations,
@@ -153,6 +154,13 @@ def hold_field_set(obj: object, mode: Mode) -> bool:
 def is_kueue_managed(trainjob: object) -> bool:
     """The TrainJob carries Kueue's queue-name label (Kueue then owns ``spec.suspend``)."""
     return QUEUE_NAME_LABEL in labels(trainjob)
+
+
+def dispatched_by_multikueue(trainjob: object) -> bool:
+    """The TrainJob's ``spec.managedBy`` is MultiKueue's: its pods never run in this
+    cluster but from a mirror copy on a worker cluster (Kueue's TrainJob MultiKueue
+    adapter dispatches only such a TrainJob)."""
+    return section(trainjob, "spec").get("managedBy") == MULTIKUEUE_CONTROLLER
 
 
 # ---- status conditions -------------------------------------------------------------------

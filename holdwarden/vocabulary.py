@@ -54,6 +54,18 @@ TRAININGRUNTIME = Resource(
 CLUSTERTRAININGRUNTIME = Resource(
     "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime"
 )
+# Read only, by the readmission gate on a MultiKueue manager cluster: the worker clusters
+# MultiKueue may have dispatched a job to, and (through their kubeconfig Secrets) the
+# pods it runs there.
+MULTIKUEUECLUSTER = Resource("kueue.x-k8s.io", "v1beta2", "multikueueclusters", "MultiKueueCluster")
+
+# MultiKueue's name, in two places: an AdmissionCheck's spec.controllerName, and the
+# spec.managedBy that Kueue's webhook gives a TrainJob it dispatches to worker clusters
+# (Trainer then creates nothing for it on the manager; its pods run from a mirror copy
+# of the same name and namespace on one worker).
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+# The key of a MultiKueueCluster's kubeconfig Secret (in Kueue's namespace) that holds it.
+MULTIKUEUE_KUBECONFIG_KEY = "kubeconfig"
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,16 @@ from holdwarden.vocabulary import (
     WORKLOAD,
     Annotations,
 )
-from readmission.decisions import GateAction, GateDecision, decide_readmission
+from readmission.decisions import (
+    GateAction,
+    GateDecision,
+    WorkerCount,
+    decide_readmission,
+    worker_blocker,
+)
 from readmission.informer import Informer, Obj, Store, object_key
 from readmission.metrics import GateMetrics
+from readmission.multikueue import WorkerClusters
 from readmission.workqueue import WorkQueue
 
 log = logging.getLogger("holdwarden.readmission")
@@ -151,6 +158,9 @@ class ReadmissionGate:
         self._threads: list[threading.Thread] = []
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.metrics = GateMetrics(registry)
+        self._worker_recheck = min(
+            gate.interval.total_seconds(), gate.multikueue_worker_recheck.total_seconds()
+        )
         self.passes = 0
         """Resyncs run (each enqueues every gated Workload)."""
         self.errors = 0
@@ -159,6 +169,14 @@ class ReadmissionGate:
         """Writes applied, by action (for tests and the log)."""
         self.fresh_reads = 0
         """Times a grant was confirmed on fresh reads (a TrainJob GET and a pod LIST)."""
+        self.workers = WorkerClusters(
+            self._custom,
+            self._core,
+            kueue_namespace=gate.multikueue_kueue_namespace,
+            timeout=gate.multikueue_worker_timeout.total_seconds(),
+            recheck=gate.multikueue_worker_recheck.total_seconds(),
+        )
+        """MultiKueue's worker clusters, counted for jobs MultiKueue dispatches."""
 
         self.checks = Store()
         self.workloads = Store({"owner": _owner_index, "check": _check_index})
@@ -291,6 +309,7 @@ class ReadmissionGate:
         for inf in self.informers:
             if not inf.join(left_until(1)):
                 log.warning("informer %s did not stop within %.1fs", inf.name, timeout)
+        self.workers.close()
 
     # -- event handlers (informer threads): map a change to the keys it affects -----------
 
@@ -488,6 +507,7 @@ class ReadmissionGate:
             return "nothing"
         trainjob = self._cached_trainjob(workload)
         pods = self._cached_pods(trainjob)
+        workers: tuple[WorkerCount, ...] | None = None
         fresh = False
         outcome = "nothing"
         for _ in range(_MAX_STEPS):
@@ -498,13 +518,27 @@ class ReadmissionGate:
                 check_names=checks,
                 annotations=self.annotations,
                 now=self._clock(),
+                workers=workers,
             )
             if decision.action is GateAction.NOTHING:
                 break
-            if not fresh and decision.action in (GateAction.MARK_READY, GateAction.RAISE_ATTEMPT):
+            uncounted = workers is None and objects.dispatched_by_multikueue(trainjob)
+            if not fresh and (
+                uncounted or decision.action in (GateAction.MARK_READY, GateAction.RAISE_ATTEMPT)
+            ):
                 # The cache may lag behind a pod or an A raised: grant only on fresh reads.
+                # A job MultiKueue dispatches ran on a worker cluster: count it there too
+                # (no watch cache of the workers; only when a decision is due).
                 trainjob = self._read_trainjob(workload)
                 pods = self._count_pods(workload, trainjob)
+                if objects.dispatched_by_multikueue(trainjob):
+                    assert trainjob is not None
+                    workers = self.workers.count(
+                        trainjob["metadata"]["namespace"], trainjob["metadata"]["name"]
+                    )
+                    if worker_blocker(workers) is not None:
+                        # Nothing on the manager changes when a worker's pods go: look again.
+                        self.queue.add_after((_WORKLOAD, key), self._worker_recheck)
                 fresh = True
                 self.fresh_reads += 1
                 continue

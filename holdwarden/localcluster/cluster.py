@@ -48,6 +48,11 @@ from holdwarden.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, swe
 
 if TYPE_CHECKING:
     from holdwarden.localcluster.controllers import RealControllers
+    from holdwarden.localcluster.nodes import Nodes
+
+# With nodes: how long a pod tolerates its node being not-ready or unreachable before the
+# taint-eviction controller deletes it (DefaultTolerationSeconds; production: 300 s).
+NODE_TOLERATION_SECONDS = 5
 
 REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
@@ -109,7 +114,16 @@ class LocalCluster:
         crd_dir: Path | None = None,
         binaries: Binaries | None = None,
         controllers: Sequence[str] = (),
+        nodes: int = 0,
     ) -> None:
+        if nodes and "kube-controller-manager" not in controllers:
+            # Only its node-lifecycle controller lifts the not-ready taint every new node
+            # gets: without it nothing is ever scheduled.
+            raise ValueError("nodes need the kube-controller-manager among the controllers")
+        if nodes < 0:
+            raise ValueError(f"nodes must be 0 or more, not {nodes}")
+        self.node_count = nodes
+        self.nodes: Nodes | None = None
         self._requested_workdir = workdir
         # Real controllers to run after start-up (holdwarden/localcluster/controllers.py).
         self._controller_names = tuple(controllers)
@@ -185,6 +199,8 @@ class LocalCluster:
             self._phase("rbac", self._install_rbac)
             if self._controller_names:
                 self._phase("controllers", self._start_controllers)
+            if self.node_count:
+                self._phase("nodes", self._start_nodes)
         except BaseException:
             self.stop()
             raise
@@ -285,6 +301,11 @@ class LocalCluster:
             path.write_bytes(data)
             path.chmod(0o600)
 
+    def _start_nodes(self) -> None:
+        from holdwarden.localcluster.nodes import start_nodes
+
+        self.nodes = start_nodes(self, self.node_count)
+
     def _start_controllers(self) -> None:
         from holdwarden.localcluster.controllers import start_controllers
 
@@ -360,6 +381,14 @@ class LocalCluster:
                 # Admission webhooks registered by tests live on 127.0.0.1.
                 "--enable-admission-plugins=ValidatingAdmissionWebhook",
                 "--endpoint-reconciler-type=none",
+                *(
+                    [
+                        f"--default-not-ready-toleration-seconds={NODE_TOLERATION_SECONDS}",
+                        f"--default-unreachable-toleration-seconds={NODE_TOLERATION_SECONDS}",
+                    ]
+                    if self.node_count
+                    else []
+                ),
                 "--v=1",
             ],
         )

@@ -80,6 +80,19 @@ TRAINING_RUNTIME = "torch-distributed"
 _READY_TIMEOUT_S = 180.0  # Kueue on a busy 2-core machine takes tens of seconds
 _TOKEN_SECONDS = 48 * 3600
 _KCM_SERVICE_ACCOUNTS = ("job-controller", "generic-garbage-collector")
+# With nodes (LocalCluster(nodes=N)): the controllers that decide when a node is lost and
+# what becomes of its pods, and their timings: flag -> (here, production default).
+NODE_LIFECYCLE_CONTROLLERS = (
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
+)
+NODE_LIFECYCLE_FLAGS = {
+    "node-monitor-period": ("1s", "5s"),
+    "node-monitor-grace-period": ("8s", "50s"),
+    "node-startup-grace-period": ("10s", "1m0s"),
+    "node-eviction-rate": ("1", "0.1"),
+}
 _NAMESPACED_KINDS = {"Role", "RoleBinding", "ServiceAccount", "Secret"}
 _PREFIXED_RESOURCES = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
 
@@ -799,6 +812,11 @@ class _Setup:
                 "client-key": str(work / "client.key"),
             },
         )
+        controllers = ["job-controller", "garbage-collector-controller"]
+        lifecycle: list[str] = []
+        if self.cluster.node_count:
+            controllers += list(NODE_LIFECYCLE_CONTROLLERS)
+            lifecycle = [f"--{flag}={value}" for flag, (value, _) in NODE_LIFECYCLE_FLAGS.items()]
         self.spawn(
             "kube-controller-manager",
             "system:serviceaccount:kube-system:job-controller",
@@ -806,10 +824,12 @@ class _Setup:
                 str(binary),
                 f"--kubeconfig={kubeconfig}",
                 # Only what a TrainJob's pods need: the Job controller makes and deletes
-                # them, the garbage collector removes what an owner deletion leaves.
-                "--controllers=job-controller,garbage-collector-controller",
+                # them, the garbage collector removes what an owner deletion leaves; with
+                # nodes, the node lifecycle too (NODE_LIFECYCLE_FLAGS).
+                "--controllers=" + ",".join(controllers),
                 # Each controller as its own service account, as in a real cluster.
                 "--use-service-account-credentials=true",
+                *lifecycle,
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--v=1",

@@ -102,6 +102,10 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
             Rule(("",), ("pods",), _READ),
             # The gate's leader election (manifests/readmission: a Role in its namespace).
             Rule(("coordination.k8s.io",), ("leases",), ("get", "create", "update")),
+            # MultiKueue's worker clusters and their kubeconfig Secrets (manifests/
+            # readmission: the Secrets through a Role in Kueue's namespace only).
+            Rule((_KUEUE,), ("multikueueclusters",), ("get", "list")),
+            Rule(("",), ("secrets",), ("get",)),
         ),
     ),
     IdentityRBAC(

@@ -1,0 +1,270 @@
+"""The lost node, for real: kwok nodes, the real scheduler and the real node lifecycle.
+
+A local control plane with three kwok nodes (``LocalCluster(nodes=3)``): kube-scheduler
+binds the pods, kwok plays each node's kubelet (pods ``Running``, Lease heartbeats,
+confirmed terminations), and kube-controller-manager runs the node-lifecycle,
+taint-eviction and pod-GC controllers beside the Job and garbage-collector ones
+(docs/testing.md, "Nodes"). The enforcer and the readmission gate are registered.
+
+The story, in both modes: a TrainJob's pods run on the nodes; one node is lost (its kwok
+is killed: no heartbeat, no confirmation); the node-lifecycle controller marks it
+unreachable and taints it, and the taint-eviction controller deletes its pods, which stay
+``Terminating``. The supervisor holds the job; the pods on healthy nodes go. Release while
+the lost node's pods exist is kept waiting (Kueue mode: the gate) or refused (plain mode:
+``PodsRemain``) for 60 s. Then the proof that the processes are gone: the Node object is
+deleted (pod GC force-deletes its pods), or the node comes back (its kubelet confirms the
+terminations). Only then is the job readmitted, once: ``P/attempt`` rises by exactly 1
+and pods of two executions never exist at the same time.
+
+Each test prints its timeline as measured (seconds from the kubelet's death).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from adapter import Adapter, Ref
+from adapter.errors import PodsRemain
+from adapter.types import State
+from holdwarden.config import Config
+from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from holdwarden.localcluster.builders import trainjob_body
+from holdwarden.localcluster.controllers import CONTROLLERS
+from holdwarden.localcluster.nodes import Nodes
+from holdwarden.localcluster.realstory import (
+    LOCAL_QUEUE,
+    Objects,
+    eventually,
+    make_queues,
+    with_requests,
+)
+from tests.actors import Watcher
+from tests.real.enforcer import Enforcement, enforcement
+from tests.real.story import assert_no_false_positives, live_pod_sets, meta
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
+
+REFUSED_S = 60.0
+"""How long a Release must not run the job while the lost node's pods exist."""
+UNREACHABLE = "node.kubernetes.io/unreachable"
+
+
+@dataclass
+class Timeline:
+    started: float = field(default_factory=time.monotonic)
+    marks: list[tuple[str, float]] = field(default_factory=list)
+
+    def mark(self, what: str) -> None:
+        self.marks.append((what, time.monotonic() - self.started))
+
+    def render(self) -> str:
+        return " -> ".join(f"{what} {at:.1f}s" for what, at in self.marks)
+
+
+@pytest.fixture(scope="module")
+def node_cluster() -> Iterator[LocalCluster]:
+    # Five: two tests delete the node they lose, and the node-lifecycle controller stops
+    # evicting when every node of a zone is down (keep at least two up).
+    cluster = LocalCluster(controllers=CONTROLLERS, nodes=5)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        if cluster.nodes is not None:
+            print(f"kwok RSS (KiB): {cluster.nodes.rss_kib()}")
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def enforced(
+    node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Enforcement]:
+    with enforcement(node_cluster, tmp_path_factory.mktemp("enforcer-nodes")) as running:
+        yield running
+
+
+def _nodes(cluster: LocalCluster) -> Nodes:
+    assert cluster.nodes is not None
+    return cluster.nodes
+
+
+def _running_on_nodes(objects: Objects, count: int) -> dict[str, str] | None:
+    """{pod uid: node} once ``count`` pods of the job run, each bound to a node."""
+    running: dict[str, str] = {}
+    for pod in objects.pods():
+        meta, spec, status = pod.metadata, pod.spec, pod.status
+        if meta is None or spec is None or status is None:
+            continue
+        if status.phase == "Running" and spec.node_name and not meta.deletion_timestamp:
+            running[str(meta.uid)] = str(spec.node_name)
+    return running if len(running) >= count else None
+
+
+def _ready_status(node: dict[str, Any] | None) -> str | None:
+    for entry in ((node or {}).get("status") or {}).get("conditions") or []:
+        if entry.get("type") == "Ready":
+            return str(entry.get("status"))
+    return None
+
+
+def _tainted(node: dict[str, Any] | None, effect: str) -> bool:
+    return any(
+        t.get("key") == UNREACHABLE and t.get("effect") == effect
+        for t in ((node or {}).get("spec") or {}).get("taints") or []
+    )
+
+
+def _pods_on(objects: Objects, node: str) -> list[k8s.V1Pod]:
+    return [p for p in objects.pods() if p.spec is not None and p.spec.node_name == node]
+
+
+def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: Timeline) -> None:
+    """Kill ``lost``'s kubelet; wait for what the real node lifecycle then does."""
+    nodes = _nodes(cluster)
+    nodes.lose(lost)
+    timeline.mark("heartbeat stops")
+    eventually(lambda: _ready_status(nodes.get(lost)) == "Unknown", "the node is NotReady", 120)
+    timeline.mark("NotReady (Ready=Unknown)")
+    eventually(lambda: _tainted(nodes.get(lost), "NoExecute"), "the node is tainted", 120)
+    timeline.mark("unreachable:NoExecute taint")
+    eventually(
+        lambda: (
+            _pods_on(objects, lost)
+            and all(p.metadata and p.metadata.deletion_timestamp for p in _pods_on(objects, lost))
+        ),
+        "the lost node's pods are Terminating",
+        120,
+    )
+    timeline.mark("its pods Terminating")
+
+
+@dataclass
+class Story:
+    cluster: LocalCluster
+    enforced: Enforcement
+    namespace: str
+    objects: Objects
+    watcher: Watcher
+    supervisor: k8s.ApiClient
+
+
+@pytest.fixture
+def story(node_cluster: LocalCluster, enforced: Enforcement) -> Iterator[Story]:
+    admin = node_cluster.api_client()
+    namespace = node_cluster.create_namespace(
+        f"node-{uuid.uuid4().hex[:8]}", labels=enforced.labels()
+    )
+    watcher = Watcher(admin, namespace)
+    watcher.start()
+    supervisor = node_cluster.api_client(SUPERVISOR_IDENTITY)
+    objects = Objects(admin, namespace)
+    try:
+        yield Story(node_cluster, enforced, namespace, objects, watcher, supervisor)
+    finally:
+        watcher.stop()
+        supervisor.close()  # type: ignore[no-untyped-call]
+        admin.close()  # type: ignore[no-untyped-call]
+
+
+def _start(story: Story, mode: str) -> tuple[Adapter, dict[str, str]]:
+    adapter = Adapter(Config(mode=mode), story.supervisor)  # type: ignore[arg-type]
+    queue = LOCAL_QUEUE if mode == "kueue" else None
+    if queue is not None:
+        make_queues(story.objects.admin, story.namespace, [story.enforced.check_name])
+    body = with_requests(trainjob_body("job", queue=queue, suspend=True))
+    body["metadata"]["namespace"] = story.namespace
+    body["spec"]["trainer"]["numNodes"] = 2
+    ref = adapter.start(body, meta())
+    adapter.open(ref, meta())
+    running = eventually(
+        lambda: _running_on_nodes(story.objects, 2), "the job's pods run on kwok nodes", 180
+    )
+    eventually(lambda: story.objects.attempt() == "1", "A is 1")
+    return adapter, running
+
+
+def _assert_one_execution_at_a_time(story: Story, first: set[str], second: set[str]) -> None:
+    for live in live_pod_sets(story.watcher.events()):
+        assert not (live & first and live & second), "pods of two executions at once"
+
+
+@pytest.mark.parametrize("mode", ["kueue", "plain"])
+@pytest.mark.parametrize("proof", ["node-deleted", "node-back"])
+def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
+    story: Story, mode: str, proof: str
+) -> None:
+    adapter, running = _start(story, mode)
+    job = Ref(story.namespace, "job")
+    lost = sorted(set(running.values()))[0]
+    timeline = Timeline()
+    _lose_a_node(story.cluster, story.objects, lost, timeline)
+
+    adapter.hold(job, meta(1), "node lost")
+    timeline.mark("Hold")
+    eventually(story.objects.suspended, "the TrainJob is suspended")
+
+    def only_lost_left() -> bool:
+        pods = story.objects.pods()
+        return bool(pods) and all(p.spec and p.spec.node_name == lost for p in pods)
+
+    eventually(only_lost_left, "the pods on healthy nodes go", 120)
+    timeline.mark("healthy nodes' pods gone")
+    # Every pod so far is the first execution's (A is 1): those that ran, and those the
+    # Job controller made to replace the evicted ones.
+    first = {str(e.obj["metadata"]["uid"]) for e in story.watcher.events() if e.kind == "pod"}
+    observed = adapter.observe(job)
+    assert observed.state is State.HELD, observed
+    left = {str(p.metadata.name) for p in _pods_on(story.objects, lost) if p.metadata}
+    assert left and left <= set(observed.leftover_pods), (left, observed.leftover_pods)
+
+    if mode == "kueue":
+        adapter.release(job, meta(1))
+    else:
+        with pytest.raises(PodsRemain):
+            adapter.release(job, meta(1))
+    timeline.mark("Release " + ("kept waiting" if mode == "kueue" else "refused (PodsRemain)"))
+    until = time.monotonic() + REFUSED_S
+    while time.monotonic() < until:
+        assert story.objects.suspended(), "readmitted while the lost node's pods remain"
+        assert story.objects.attempt() == "1"
+        assert story.objects.pod_uids() <= first
+        time.sleep(1)
+    if mode == "plain":
+        with pytest.raises(PodsRemain):
+            adapter.release(job, meta(1))
+
+    nodes = _nodes(story.cluster)
+    if proof == "node-deleted":
+        nodes.delete(lost)
+        timeline.mark("proof: Node deleted")
+    else:
+        nodes.restore(lost)
+        timeline.mark("proof: node back")
+    eventually(lambda: not _pods_on(story.objects, lost), "the lost node's pods are gone", 180)
+    timeline.mark("its pods gone")
+    if mode == "plain":
+        # The supervisor's proof is in: it releases again (PodsRemain until now).
+        adapter.release(job, meta(1))
+    eventually(lambda: story.objects.attempt() == "2", "readmitted: A is 2", 180)
+    timeline.mark("readmitted (A=2)")
+    second = eventually(
+        lambda: (s := _running_on_nodes(story.objects, 2)) and set(s) - first,
+        "the second execution runs",
+        180,
+    )
+    timeline.mark("second execution Running")
+    time.sleep(5)  # a second rise would show within a few gate passes
+    assert story.objects.attempt() == "2"
+    assert not set(second) & first
+    print(f"lost-node timeline ({mode}, {proof}): {timeline.render()}")
+    if proof == "node-back":
+        eventually(lambda: _ready_status(nodes.get(lost)) == "True", "the node is Ready again")
+    _assert_one_execution_at_a_time(story, first, set(second))
+    assert_no_false_positives(story.cluster, story.enforced)
