@@ -83,6 +83,7 @@ from holdwarden.vocabulary import (
     JOB_UID_LABEL,
     JOBSET_NAME_LABEL,
     LOCALQUEUE,
+    MULTIKUEUE_CONTROLLER,
     TRAININGRUNTIME,
     TRAINJOB,
     WORKLOAD,
@@ -1154,7 +1155,9 @@ class AdapterCore:
         runtime_ref = yield from self._probe_runtime_ref(namespace, deadline)
         extra: dict[str, Capability] = {}
         if self.mode == "kueue":
-            extra["readmissionGate"] = yield from self._probe_readmission_gate(namespace, deadline)
+            gate, multikueue = yield from self._probe_readmission_gate(namespace, deadline)
+            extra["readmissionGate"] = gate
+            extra["multiKueue"] = multikueue
         extra["holdOwnership"] = yield from self._probe_ownership(deadline)
         round_trip = yield from self._probe_round_trip(namespace, deadline, runtime_ref)
         update_workloads = yield from self._probe_access(
@@ -1245,28 +1248,36 @@ class AdapterCore:
 
     def _probe_readmission_gate(
         self, namespace: str, deadline: datetime | None
-    ) -> Operation[Capability]:
-        """Kueue mode: do the namespace's queues re-admit only through the readmission gate?
+    ) -> Operation[tuple[Capability, Capability]]:
+        """Kueue mode: do the namespace's queues re-admit only through the readmission gate,
+        and is every queue that dispatches through MultiKueue gated? (readmissionGate,
+        multiKueue)
 
-        Without it, a Release lets Kueue re-admit while pods of the held execution still
-        terminate (two executions at once), and a job runs without any Open. Hold still
-        works, so this is reported, not made a condition of Hold (the spec fixes those).
+        Without the gate, a Release lets Kueue re-admit while pods of the held execution
+        still terminate (two executions at once), and a job runs without any Open. With
+        MultiKueue and no gate, a Release lets MultiKueue dispatch the job again, maybe to
+        another worker, while the held execution may still run on the first: Kueue does
+        not wait for its pods, and only the gate counts them on the workers. Hold still
+        works, so both are reported, not made a condition of Hold (the spec fixes those).
         """
         controller = self.config.readmission.controller_name
         try:
             queues = yield from self._list(LOCALQUEUE, namespace, deadline, limit=100)
         except ApiStatusError as exc:
-            return Capability(
-                False, f"could not list LocalQueues in {namespace}: {api_message(exc)}"
-            )
+            why = f"could not list LocalQueues in {namespace}: {api_message(exc)}"
+            return Capability(False, why), Capability(False, why)
         if not queues:
-            return Capability(
-                False,
-                f"no LocalQueue in {namespace}: no job here can be admitted by Kueue, and none "
-                f"is gated by {controller}",
+            return (
+                Capability(
+                    False,
+                    f"no LocalQueue in {namespace}: no job here can be admitted by Kueue, and "
+                    f"none is gated by {controller}",
+                ),
+                Capability(True, f"no LocalQueue in {namespace} dispatches through MultiKueue"),
             )
-        gated_checks: dict[str, bool] = {}
+        check_controllers: dict[str, object] = {}
         ungated: list[str] = []
+        dispatching: list[tuple[str, bool]] = []
         for queue in queues:
             lq = (queue.get("metadata") or {}).get("name", "?")
             cq = (queue.get("spec") or {}).get("clusterQueue", "")
@@ -1274,30 +1285,34 @@ class AdapterCore:
                 cluster_queue = yield from self._get_cluster(CLUSTERQUEUE, cq, deadline)
                 names = decisions.cluster_queue_admission_checks(cluster_queue)
                 for check in names:
-                    if check not in gated_checks:
+                    if check not in check_controllers:
                         got = yield from self._get_cluster(ADMISSIONCHECK, check, deadline)
-                        spec = got.get("spec")
-                        gated_checks[check] = (spec or {}).get("controllerName") == controller
+                        check_controllers[check] = (got.get("spec") or {}).get("controllerName")
             except ApiStatusError as exc:
-                return Capability(
-                    False,
+                why = (
                     f"could not read ClusterQueue {cq!r} of LocalQueue {namespace}/{lq} or its "
                     f"AdmissionChecks: {api_message(exc)}; grant get on clusterqueues and "
-                    "admissionchecks, or check the queue by hand",
+                    "admissionchecks, or check the queue by hand"
                 )
-            if not any(gated_checks.get(check) for check in names):
-                ungated.append(f"LocalQueue {namespace}/{lq} (ClusterQueue {cq})")
+                return Capability(False, why), Capability(False, why)
+            gated = any(check_controllers.get(check) == controller for check in names)
+            where = f"LocalQueue {namespace}/{lq} (ClusterQueue {cq})"
+            if not gated:
+                ungated.append(where)
+            if any(check_controllers.get(c) == MULTIKUEUE_CONTROLLER for c in names):
+                dispatching.append((where, gated))
+        gate = Capability(
+            True, f"every LocalQueue in {namespace} re-admits only through {controller}"
+        )
         if ungated:
-            return Capability(
+            gate = Capability(
                 False,
                 f"{', '.join(ungated)} lists no AdmissionCheck with controllerName {controller}: "
                 "a Release there lets Kueue re-admit while pods of the held execution remain, "
                 "and jobs run without Open; add the readmission AdmissionCheck to the "
                 "ClusterQueue's spec.admissionChecksStrategy (manifests/readmission)",
             )
-        return Capability(
-            True, f"every LocalQueue in {namespace} re-admits only through {controller}"
-        )
+        return gate, decisions.multikueue_capability(namespace, controller, dispatching)
 
     def _probe_access(
         self, namespace: str, verb: str, group: str, resource: str, deadline: datetime | None

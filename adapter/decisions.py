@@ -34,7 +34,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from adapter.types import Observation, Ref, State
+from adapter.types import Capability, Observation, Ref, State
 from holdwarden import objects
 from holdwarden.vocabulary import (
     DEACTIVATION_TARGET_CONDITION,
@@ -430,6 +430,36 @@ def cluster_queue_admission_checks(cluster_queue: Obj) -> list[str]:
         if isinstance(entry, dict) and entry.get("name"):
             names.append(str(entry["name"]))
     return sorted(set(names))
+
+
+def multikueue_capability(
+    namespace: str, gate_controller: str, dispatching: list[tuple[str, bool]]
+) -> Capability:
+    """Preflight's ``multiKueue``: safe unless a queue dispatches through MultiKueue
+    without the readmission gate. ``dispatching``: (queue, gated) for each LocalQueue of
+    ``namespace`` whose ClusterQueue lists an AdmissionCheck of MultiKueue's.
+
+    Invariant: supported only when every dispatching queue is gated: then the gate counts
+    the held execution's pods on every worker cluster before MultiKueue may dispatch again.
+    """
+    if not dispatching:
+        return Capability(True, f"no LocalQueue in {namespace} dispatches through MultiKueue")
+    bare = [queue for queue, gated in dispatching if not gated]
+    if bare:
+        return Capability(
+            False,
+            f"{', '.join(bare)} dispatches to worker clusters through MultiKueue without an "
+            f"AdmissionCheck of {gate_controller}: after a Release MultiKueue may dispatch the "
+            "job to a worker again while the held execution still runs on the first (Kueue "
+            "does not wait for its pods there); list the readmission AdmissionCheck beside "
+            'MultiKueue\'s in the ClusterQueue (docs/enforcer.md, "MultiKueue")',
+        )
+    queues = ", ".join(queue for queue, _ in dispatching)
+    return Capability(
+        True,
+        f"{queues} dispatches through MultiKueue and readmits only through "
+        f"{gate_controller}, which counts the job's pods on every worker cluster",
+    )
 
 
 def validate_start_body(trainjob: object, *, mode: Mode, annotations: Annotations) -> Obj:

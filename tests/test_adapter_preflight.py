@@ -26,6 +26,7 @@ from holdwarden.vocabulary import (
     CLUSTERTRAININGRUNTIME,
     JOBSET_NAME_LABEL,
     LOCALQUEUE,
+    MULTIKUEUE_CONTROLLER,
     TRAINJOB,
     Annotations,
 )
@@ -221,18 +222,24 @@ def _cluster_object(resource: Any, body: dict[str, Any], admin: k8s.ApiClient) -
 
 
 def _queue(
-    admin: k8s.ApiClient, namespace: str, checks: list[str], gate_controller: str | None
+    admin: k8s.ApiClient,
+    namespace: str,
+    checks: list[str],
+    gate_controller: str | None,
+    controllers: dict[str, str] | None = None,
 ) -> str:
-    """A LocalQueue in ``namespace`` on a new ClusterQueue that applies ``checks``."""
+    """A LocalQueue in ``namespace`` on a new ClusterQueue that applies ``checks`` (each
+    served by ``controllers[check]``, else by ``gate_controller``)."""
     suffix = uuid.uuid4().hex[:6]
     for check in checks:
+        controller = (controllers or {}).get(check) or gate_controller or "example.com/other"
         _cluster_object(
             ADMISSIONCHECK,
             {
                 "apiVersion": ADMISSIONCHECK.api_version,
                 "kind": ADMISSIONCHECK.kind,
                 "metadata": {"name": check},
-                "spec": {"controllerName": gate_controller or "example.com/other"},
+                "spec": {"controllerName": controller},
             },
             admin,
         )
@@ -297,6 +304,36 @@ def test_kueue_preflight_reports_whether_the_readmission_gate_guards_the_queues(
         ungated = [lq for lq, (kind, c) in zip(created, queues, strict=True) if c != GATE]
         assert all(lq in gate.reason for lq in ungated)
     # Reported, not a condition of Hold: the spec fixes when Hold is unsupported.
+    assert result.hold_supported
+
+
+@pytest.mark.parametrize(
+    ("with_gate", "supported", "says"),
+    [
+        pytest.param(False, False, "without an AdmissionCheck of", id="multikueue-ungated"),
+        pytest.param(True, True, "counts the job's pods on every worker", id="multikueue-gated"),
+    ],
+)
+def test_kueue_preflight_reports_a_multikueue_queue_without_the_gate(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    admin_client: k8s.ApiClient,
+    namespace: str,
+    with_gate: bool,
+    supported: bool,
+    says: str,
+) -> None:
+    """A queue that dispatches through MultiKueue is safe to release only through the gate
+    (docs/enforcer.md, "MultiKueue"); preflight says which, and Hold stays supported."""
+    dispatch, gate = f"mk-{uuid.uuid4().hex[:6]}", f"gate-{uuid.uuid4().hex[:6]}"
+    checks = [dispatch, gate] if with_gate else [dispatch]
+    lq = _queue(
+        admin_client, namespace, checks, None, {dispatch: MULTIKUEUE_CONTROLLER, gate: GATE}
+    )
+    result = make(cluster, supervisor_client, "kueue").preflight(namespace)
+    found = result.capabilities()["multiKueue"]
+    assert found.supported is supported, found.reason
+    assert says in found.reason and lq in found.reason
     assert result.hold_supported
 
 

@@ -80,6 +80,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "(built on first use and cached in $HOLDWARDEN_CACHE; under a minute warm); "
         "played: no controllers, the demo plays their one step each (faster, no builds)",
     )
+    parser.add_argument(
+        "--story",
+        choices=("hold", "lost-node"),
+        default="hold",
+        help="hold (default): the whole hold story in both modes; lost-node: the real node "
+        "lifecycle (kube-scheduler, kwok nodes): a node is lost, the job held, readmitted "
+        "only once the lost node's pods are provably gone (needs the real controllers)",
+    )
     parser.set_defaults(handler=run_demo)
 
 
@@ -180,6 +188,17 @@ def _register_webhook(api: k8s.ApiClient, url: str) -> None:
         ],
     }
     k8s.AdmissionregistrationV1Api(api).create_validating_webhook_configuration(body)
+
+
+def _inject(cluster: LocalCluster, ca_bundle: Path) -> None:
+    """``holdwarden certs inject``: the CA bundle into the webhook configuration."""
+    subprocess.run(
+        _holdwarden(
+            "certs", "inject", "--webhook-config", WEBHOOK_CONFIG,
+            "--ca-bundle", str(ca_bundle), "--kubeconfig", str(cluster.kubeconfig_path),
+        ),
+        check=True,
+    )  # fmt: skip
 
 
 def _play_kueue(api: k8s.ApiClient, namespace: str, name: str) -> threading.Thread:
@@ -404,6 +423,22 @@ def _readmission_gate(cluster: LocalCluster) -> Iterator[str]:
         gate.stop()
 
 
+def _run_lost_node() -> int:
+    from holdwarden.localcluster.demo_lostnode import NODES, lost_node_story
+
+    say(
+        f"Starting a local control plane with the real controllers and {NODES} kwok nodes "
+        "(the first run builds them)"
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="holdwarden-demo-"))
+    try:
+        lost_node_story(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    say("Control plane and enforcer stopped; nothing left running")
+    return 0
+
+
 def _controllers_unrefused(audit_log: Path) -> None:
     from webhook.audit import read_audit
 
@@ -416,6 +451,11 @@ def _controllers_unrefused(audit_log: Path) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     real = getattr(args, "controllers", "real") == "real"
+    if getattr(args, "story", "hold") == "lost-node":
+        if not real:
+            print("holdwarden demo: --story lost-node needs the real controllers", file=sys.stderr)
+            return 2
+        return _run_lost_node()
     say("Starting a local control plane (real etcd + kube-apiserver on 127.0.0.1)")
     workdir = Path(tempfile.mkdtemp(prefix="holdwarden-demo-"))
     controllers: tuple[str, ...] = ()
@@ -437,14 +477,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 _readmission_gate(cluster) if real else contextlib.nullcontext("") as check,
             ):
                 _register_webhook(api, url)
-                subprocess.run(
-                    _holdwarden(
-                        "certs", "inject", "--webhook-config", WEBHOOK_CONFIG,
-                        "--ca-bundle", str(ca_bundle),
-                        "--kubeconfig", str(cluster.kubeconfig_path),
-                    ),
-                    check=True,
-                )  # fmt: skip
+                _inject(cluster, ca_bundle)
                 namespace = cluster.create_namespace("team-a", labels={DEMO_LABEL: "true"})
                 if real:
                     queue = make_queues(api, namespace, admission_checks=[check])

@@ -56,13 +56,32 @@ _STAGES = (
     "pod/fast/pod-delete.yaml",
 )
 _READY_TIMEOUT_S = 120.0
-_UNSCHEDULABLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+_UNSCHEDULABLE_TAINTS = ("node.kubernetes.io/not-ready", UNREACHABLE_TAINT)
 
 
 def _controlplane_error(message: str) -> Exception:
     from holdwarden.localcluster.cluster import ControlPlaneError
 
     return ControlPlaneError(message)
+
+
+def ready_status(node: Any) -> str | None:
+    """The status of the node's Ready condition ("True", "False", "Unknown"), or None."""
+    status = (node.get("status") or {}) if isinstance(node, dict) else {}
+    for entry in status.get("conditions") or []:
+        if entry.get("type") == "Ready":
+            return str(entry.get("status"))
+    return None
+
+
+def unreachable_taint(node: Any, effect: str) -> bool:
+    """The node carries the node-lifecycle controller's ``unreachable`` taint ``effect``."""
+    spec = (node.get("spec") or {}) if isinstance(node, dict) else {}
+    return any(
+        t.get("key") == UNREACHABLE_TAINT and t.get("effect") == effect
+        for t in spec.get("taints") or []
+    )
 
 
 def node_ready(node: Any) -> bool:

@@ -184,6 +184,27 @@ class Objects:
             .items
         )
 
+    def pods_on(self, node: str) -> list[k8s.V1Pod]:
+        """The job's pods bound to ``node``."""
+        return [p for p in self.pods() if p.spec is not None and p.spec.node_name == node]
+
+    def all_terminating_on(self, node: str) -> bool:
+        """The job has pods on ``node`` and every one of them is being deleted."""
+        pods = self.pods_on(node)
+        return bool(pods) and all(p.metadata and p.metadata.deletion_timestamp for p in pods)
+
+    def running_on_nodes(self, count: int) -> dict[str, str] | None:
+        """{pod uid: node} once ``count`` pods of the job run (phase Running, bound to a
+        node, not being deleted), else None."""
+        running: dict[str, str] = {}
+        for pod in self.pods():
+            meta, spec, status = pod.metadata, pod.spec, pod.status
+            if meta is None or spec is None or status is None:
+                continue
+            if status.phase == "Running" and spec.node_name and not meta.deletion_timestamp:
+                running[str(meta.uid)] = str(spec.node_name)
+        return running if len(running) >= count else None
+
     def pod_uids(self) -> set[str]:
         return {str(p.metadata.uid) for p in self.pods() if p.metadata is not None}
 

@@ -57,3 +57,31 @@ def test_demo_on_the_real_controllers_tells_the_whole_story() -> None:
     plain = [o for o in _observations(out) if o["ref"] == "team-a/eval-sweep"]
     assert [o["state"] for o in plain][-1] == "running" and plain[-1]["attempt"] == 2
     assert "nothing left running" in out
+
+
+def test_demo_lost_node_story_on_nodes_tells_it_as_it_happens() -> None:
+    """``holdwarden demo --story lost-node``: kwok nodes, the real scheduler and node
+    lifecycle; every step it narrates turns out so."""
+    result = subprocess.run(
+        [sys.executable, "-m", "holdwarden.cli", "demo", "--story", "lost-node"],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "!!" not in out, out
+    assert "kube-scheduler and 3 kwok nodes" in out
+    assert re.search(r"pod \S+ Running on kwok-\d", out), out
+    assert "Ready=Unknown (NotReady)" in out
+    assert "taint node.kubernetes.io/unreachable:NoExecute" in out
+    assert "the readmission gate keeps the job waiting" in out
+    assert "1 pod(s) of the previous execution remain" in out or re.search(
+        r"\d+ pod\(s\) of the previous execution remain", out
+    )
+    assert "attempt (A) is 2" in out
+    assert re.search(r"\d+ pods of execution 2 run on kwok-", out), out
+    held, running = _observations(out)
+    assert held["state"] == "held" and held["leftoverPods"], held
+    assert running["state"] == "running" and running["attempt"] == 2
+    assert "the enforcer refused none of the real controllers' writes" in out

@@ -25,7 +25,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -37,7 +36,7 @@ from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.localcluster.controllers import CONTROLLERS
-from holdwarden.localcluster.nodes import Nodes
+from holdwarden.localcluster.nodes import Nodes, ready_status, unreachable_taint
 from holdwarden.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
@@ -53,7 +52,6 @@ pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
 
 REFUSED_S = 60.0
 """How long a Release must not run the job while the lost node's pods exist."""
-UNREACHABLE = "node.kubernetes.io/unreachable"
 
 
 @dataclass
@@ -95,52 +93,17 @@ def _nodes(cluster: LocalCluster) -> Nodes:
     return cluster.nodes
 
 
-def _running_on_nodes(objects: Objects, count: int) -> dict[str, str] | None:
-    """{pod uid: node} once ``count`` pods of the job run, each bound to a node."""
-    running: dict[str, str] = {}
-    for pod in objects.pods():
-        meta, spec, status = pod.metadata, pod.spec, pod.status
-        if meta is None or spec is None or status is None:
-            continue
-        if status.phase == "Running" and spec.node_name and not meta.deletion_timestamp:
-            running[str(meta.uid)] = str(spec.node_name)
-    return running if len(running) >= count else None
-
-
-def _ready_status(node: dict[str, Any] | None) -> str | None:
-    for entry in ((node or {}).get("status") or {}).get("conditions") or []:
-        if entry.get("type") == "Ready":
-            return str(entry.get("status"))
-    return None
-
-
-def _tainted(node: dict[str, Any] | None, effect: str) -> bool:
-    return any(
-        t.get("key") == UNREACHABLE and t.get("effect") == effect
-        for t in ((node or {}).get("spec") or {}).get("taints") or []
-    )
-
-
-def _pods_on(objects: Objects, node: str) -> list[k8s.V1Pod]:
-    return [p for p in objects.pods() if p.spec is not None and p.spec.node_name == node]
-
-
 def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: Timeline) -> None:
     """Kill ``lost``'s kubelet; wait for what the real node lifecycle then does."""
     nodes = _nodes(cluster)
     nodes.lose(lost)
     timeline.mark("heartbeat stops")
-    eventually(lambda: _ready_status(nodes.get(lost)) == "Unknown", "the node is NotReady", 120)
+    eventually(lambda: ready_status(nodes.get(lost)) == "Unknown", "the node is NotReady", 120)
     timeline.mark("NotReady (Ready=Unknown)")
-    eventually(lambda: _tainted(nodes.get(lost), "NoExecute"), "the node is tainted", 120)
+    eventually(lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the node is tainted", 120)
     timeline.mark("unreachable:NoExecute taint")
     eventually(
-        lambda: (
-            _pods_on(objects, lost)
-            and all(p.metadata and p.metadata.deletion_timestamp for p in _pods_on(objects, lost))
-        ),
-        "the lost node's pods are Terminating",
-        120,
+        lambda: objects.all_terminating_on(lost), "the lost node's pods are Terminating", 120
     )
     timeline.mark("its pods Terminating")
 
@@ -184,7 +147,7 @@ def _start(story: Story, mode: str) -> tuple[Adapter, dict[str, str]]:
     ref = adapter.start(body, meta())
     adapter.open(ref, meta())
     running = eventually(
-        lambda: _running_on_nodes(story.objects, 2), "the job's pods run on kwok nodes", 180
+        lambda: story.objects.running_on_nodes(2), "the job's pods run on kwok nodes", 180
     )
     eventually(lambda: story.objects.attempt() == "1", "A is 1")
     return adapter, running
@@ -221,8 +184,12 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
     first = {str(e.obj["metadata"]["uid"]) for e in story.watcher.events() if e.kind == "pod"}
     observed = adapter.observe(job)
     assert observed.state is State.HELD, observed
-    left = {str(p.metadata.name) for p in _pods_on(story.objects, lost) if p.metadata}
+    left = {str(p.metadata.name) for p in story.objects.pods_on(lost) if p.metadata}
     assert left and left <= set(observed.leftover_pods), (left, observed.leftover_pods)
+    # What "gone" leans on (docs/enforcer.md): the lost node's pods still say Running,
+    # their kubelet's last word, while they wait to be confirmed.
+    lost_uids = {str(p.metadata.uid) for p in story.objects.pods_on(lost) if p.metadata}
+    assert {p.status.phase for p in story.objects.pods_on(lost) if p.status} == {"Running"}
 
     if mode == "kueue":
         adapter.release(job, meta(1))
@@ -247,7 +214,7 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
     else:
         nodes.restore(lost)
         timeline.mark("proof: node back")
-    eventually(lambda: not _pods_on(story.objects, lost), "the lost node's pods are gone", 180)
+    eventually(lambda: not story.objects.pods_on(lost), "the lost node's pods are gone", 180)
     timeline.mark("its pods gone")
     if mode == "plain":
         # The supervisor's proof is in: it releases again (PodsRemain until now).
@@ -255,7 +222,7 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
     eventually(lambda: story.objects.attempt() == "2", "readmitted: A is 2", 180)
     timeline.mark("readmitted (A=2)")
     second = eventually(
-        lambda: (s := _running_on_nodes(story.objects, 2)) and set(s) - first,
+        lambda: (s := story.objects.running_on_nodes(2)) and set(s) - first,
         "the second execution runs",
         180,
     )
@@ -264,7 +231,18 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
     assert story.objects.attempt() == "2"
     assert not set(second) & first
     print(f"lost-node timeline ({mode}, {proof}): {timeline.render()}")
+    print(f"first execution: {len(first)} pods, {len(running)} of them before the loss")
     if proof == "node-back":
-        eventually(lambda: _ready_status(nodes.get(lost)) == "True", "the node is Ready again")
+        eventually(lambda: ready_status(nodes.get(lost)) == "True", "the node is Ready again")
+    if proof == "node-deleted":
+        # Pod GC, not a kubelet, ends them: it writes phase Failed, then force-deletes.
+        last_words = {
+            str(e.obj["metadata"]["uid"]): (e.obj.get("status") or {}).get("phase")
+            for e in story.watcher.events()
+            if e.kind == "pod"
+            and e.type == "MODIFIED"
+            and str(e.obj["metadata"]["uid"]) in lost_uids
+        }
+        assert set(last_words.values()) == {"Failed"}, last_words
     _assert_one_execution_at_a_time(story, first, set(second))
     assert_no_false_positives(story.cluster, story.enforced)
