@@ -30,6 +30,7 @@ import contextlib
 import copy
 import inspect
 import ssl
+import time
 from collections.abc import Iterator
 from typing import Any, Literal, TypeVar, cast
 
@@ -306,6 +307,7 @@ class AsyncAdapter(AdapterCore):
         session = self._session_for_loop()
         http = step.http
         progress = _Progress()
+        opened = time.monotonic()
         with _transport_errors(progress, step.timeout):
             async with asyncio.timeout(step.timeout):
                 response = await session.request(
@@ -329,7 +331,8 @@ class AsyncAdapter(AdapterCore):
                 )
         watch = _AsyncWatch(response)
         watches.append(watch)
-        await watch.wait_first(step.timeout)
+        # One budget for the headers and the first event (WATCH_OPEN_S).
+        await watch.wait_first(max(0.0, step.timeout - (time.monotonic() - opened)))
         return watch
 
 

@@ -171,7 +171,8 @@ class OpenWatch:
     req: Request
     http: Http
     timeout: float
-    """Seconds to connect and get the first event (the object's state now)."""
+    """Seconds to connect, get the response headers and the first event (the object's
+    state now), all together (``WATCH_OPEN_S``)."""
     lifetime: float
     """Seconds the stream may stay open at most (the read timeout between its events)."""
 
@@ -352,6 +353,14 @@ CHANGE_WAIT_S = 0.05
 """After a conflict, how long a retry waits for the object's next write (on its watch)
 before it decides on the newest state it has: a writer at 20 Hz or faster is caught."""
 WATCH_LIFETIME_CAP_S = 60
+WATCH_OPEN_S = 1.0
+WATCH_OPEN_SHARE = 0.1
+"""A retry's watch gets its response headers and first event within WATCH_OPEN_S, and
+within WATCH_OPEN_SHARE of the call's remaining time, whichever is less; otherwise the
+retries fall back to paused GETs. A healthy apiserver answers a watch in milliseconds; an
+intermediary that buffers streamed responses (some gateways and auth proxies) answers it
+only when the watch ends, and without a bound of its own the watch cost a conflicted call
+its whole deadline where a GET retry takes milliseconds."""
 
 
 def conflict_backoff(attempt: int, draw: float) -> float:
@@ -833,7 +842,11 @@ class AdapterCore:
                 ("timeoutSeconds", str(lifetime)),
             ),
         )
-        timeout = min(self.config.apiserver_request_timeout.total_seconds(), remaining)
+        timeout = min(
+            self.config.apiserver_request_timeout.total_seconds(),
+            WATCH_OPEN_S,
+            remaining * WATCH_OPEN_SHARE,
+        )
         with self._lock:
             self._request_count += 1
             self.request_log.append(replace(req, timeout=timeout))

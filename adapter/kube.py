@@ -227,8 +227,14 @@ class Adapter(AdapterCore):
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
+        opened = time.monotonic()
         with _transport_errors():
-            response = self._api.call_api(*request, _request_timeout=(step.timeout, step.lifetime))
+            # Both timeouts short: the headers must come within step.timeout too (an
+            # intermediary that buffers a watch sends them only when it ends).
+            response = self._api.call_api(*request, _request_timeout=(step.timeout, step.timeout))
+        if 200 <= response.status <= 299:
+            # From the headers on, events may be far apart: the stream's own read timeout.
+            _set_read_timeout(response.response, step.lifetime)
         if not 200 <= response.status <= 299:
             with _transport_errors():
                 data = response.read()  # type: ignore[no-untyped-call]
@@ -236,7 +242,7 @@ class Adapter(AdapterCore):
             raise ApiStatusError(response.status, str(response.reason or ""), text)
         watch = _SyncWatch(response.response)
         watches.append(watch)
-        watch.wait_first(step.timeout)
+        watch.wait_first(max(0.0, step.timeout - (time.monotonic() - opened)))
         return watch
 
     def _perform(self, step: Send) -> Any:
@@ -260,6 +266,15 @@ class Adapter(AdapterCore):
         if not http.decode:
             return None
         return msgspec.json.decode(data)
+
+
+def _set_read_timeout(response: urllib3.BaseHTTPResponse, seconds: float) -> None:
+    """The read timeout of the socket under a streamed ``response`` (its headers read)."""
+    connection = getattr(response, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        raise ConnectionLost("the watch's connection is gone before its first event")
+    sock.settimeout(seconds)
 
 
 @contextlib.contextmanager

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
+import ssl
 import threading
 import time
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -83,3 +87,94 @@ class FreezableProxy:
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+class BufferingWatchProxy:
+    """A TLS reverse proxy to the real kube-apiserver that holds back every watch response
+    until the watch ends, then sends it whole (as some API gateways and auth proxies do
+    with streamed responses); every other request passes straight through.
+
+    It serves 127.0.0.1 with a certificate of the cluster's CA, so a client that trusts the
+    apiserver trusts it, and forwards with the admin's client certificate, passing the
+    caller's ``Impersonate-*`` headers on: the apiserver sees the caller's identity.
+    """
+
+    def __init__(self, upstream_url: str, ca: Any, workdir: Path) -> None:
+        from certs.generate import generate_serving
+
+        pair = generate_serving(ca, "proxy", "default", ip_addresses=["127.0.0.1"])
+        (workdir / "proxy.crt").write_bytes(pair.cert_pem)
+        (workdir / "proxy.key").write_bytes(pair.key_pem)
+        self._serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._serving.load_cert_chain(workdir / "proxy.crt", workdir / "proxy.key")
+        self._upstream_tls = ssl.create_default_context(cafile=str(workdir / "ca.crt"))
+        self._upstream_tls.load_cert_chain(workdir / "admin.crt", workdir / "admin.key")
+        self.upstream = upstream_url
+        self.watches_held = 0
+        self._loop = asyncio.new_event_loop()
+        self._runner: Any = None
+        started = threading.Event()
+        self.port = 0
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._start())
+            started.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="buffering-proxy", daemon=True)
+        self._thread.start()
+        if not started.wait(10):
+            raise RuntimeError("the buffering proxy did not start within 10 s")
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    async def _start(self) -> None:
+        from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+
+        self._session = ClientSession(
+            connector=TCPConnector(ssl=self._upstream_tls),
+            timeout=ClientTimeout(total=120),
+            auto_decompress=False,
+        )
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            headers = {
+                k: v
+                for k, v in request.headers.items()
+                if k.lower() in ("accept", "content-type") or k.lower().startswith("impersonate-")
+            }
+            body = await request.read()
+            async with self._session.request(
+                request.method,
+                self.upstream + request.path_qs,
+                headers=headers,
+                data=body or None,
+            ) as upstream:
+                if request.query.get("watch") in ("true", "1"):
+                    self.watches_held += 1
+                payload = await upstream.read()  # a watch: only when the watch has ended
+                return web.Response(
+                    status=upstream.status,
+                    body=payload,
+                    content_type=upstream.content_type,
+                )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._serving)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self._runner.cleanup()
+            await self._session.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

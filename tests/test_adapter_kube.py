@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref, State
-from adapter.core import Send
+from adapter.core import WATCH_OPEN_S, Send
 from adapter.errors import (
     Conflict,
     Invalid,
@@ -33,10 +33,11 @@ from adapter.errors import (
     Unsupported,
 )
 from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
-from holdwarden.localcluster import LocalCluster
+from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from tests.adapters import BlockingAsyncAdapter
+from tests.netfaults import BufferingWatchProxy
 
 pytestmark = pytest.mark.controlplane
 
@@ -1299,3 +1300,72 @@ def test_a_kueue_read_has_its_two_gets_in_flight_together(
         assert adapter.observe(ref).hold_instance == 2
     finally:
         adapter.close()
+
+
+# ==== a watch behind a buffering intermediary ===========================================
+
+
+@pytest.fixture
+def buffering_proxy(cluster: LocalCluster) -> Iterator[BufferingWatchProxy]:
+    proxy = BufferingWatchProxy(cluster.server_url, cluster.ca, cluster.workdir)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "call"),
+    [("kueue", "hold"), ("kueue", "release"), ("plain", "hold"), ("plain", "release")],
+)
+def test_a_watch_behind_a_buffering_intermediary_costs_a_conflicted_call_seconds(
+    cluster: LocalCluster,
+    supervisor_client: k8s.ApiClient,
+    trainer_client: k8s.ApiClient,
+    kc: Cluster,
+    buffering_proxy: BufferingWatchProxy,
+    mode: str,
+    call: str,
+) -> None:
+    """One foreign status write between the call's read and its write: the retry's watch,
+    which the proxy answers only when the watch ends, is given up within WATCH_OPEN_S and
+    the retry reads with a GET. Before the watch had a bound of its own, the call ended in
+    DeadlinePassed after its whole 30 s deadline."""
+    if mode == "kueue":
+        ref, wl_name = kc.kueue_job("job")
+
+        def other_writer() -> None:
+            kc.bump_workload_status(wl_name)
+    else:
+        kc.create_trainjob("job")
+        ref = Ref(kc.ns, "job")
+
+        def other_writer() -> None:
+            kc.trainer_writes_status("job", trainer_client)
+
+    if call == "release":
+        make(cluster, supervisor_client, mode).hold(ref, meta(1), "node lost")
+    through = cluster.api_client(SUPERVISOR_IDENTITY)
+    through.configuration.host = buffering_proxy.url
+    adapter = make(cluster, through, mode, before_request=interleave(other_writer, times=1))
+    try:
+        adapter.preflight(ref.namespace)  # through the proxy too; no watch in it
+        started = time.monotonic()
+        if call == "hold":
+            adapter.hold(ref, CallMeta(datetime.now(UTC) + timedelta(seconds=30), 1), "r")
+        else:
+            adapter.release(ref, CallMeta(datetime.now(UTC) + timedelta(seconds=30), 1))
+        took = time.monotonic() - started
+    finally:
+        through.close()  # type: ignore[no-untyped-call]
+    verbs = [r.verb for r in adapter.request_log]
+    watch_at = verbs.index("watch")
+    assert "get" in verbs[watch_at:], verbs  # the retry read with a GET
+    assert verbs[-1] == "update", verbs
+    (watch,) = [r for r in adapter.request_log if r.verb == "watch"]
+    assert watch.timeout is not None and watch.timeout <= WATCH_OPEN_S
+    assert buffering_proxy.watches_held >= 1
+    assert took < 6.0, f"{call} took {took:.1f}s behind the buffering proxy"
+    held = kc.workload(wl_name) if mode == "kueue" else kc.trainjob("job")
+    present = A.hold_instance in (held["metadata"].get("annotations") or {})
+    assert present is (call == "hold")
