@@ -174,7 +174,13 @@ class BufferingWatchProxy:
         async def stop() -> None:
             await self._runner.cleanup()
             await self._session.close()
+            # Handlers of watches still held back: end them here, not at garbage collection.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
