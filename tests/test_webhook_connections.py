@@ -207,7 +207,13 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room(tmp_path: Path)
                 close_quietly(w)
 
 
-async def test_at_the_cap_a_request_in_progress_is_never_evicted(tmp_path: Path) -> None:
+async def test_at_the_cap_a_newcomer_waits_and_no_request_in_progress_is_evicted(
+    tmp_path: Path,
+) -> None:
+    """Backpressure: with a request on every connection, the newcomer is not refused; its
+    handshake waits (the site accepts nothing, the kernel's backlog holds it) until a
+    connection is answered and goes idle, and then it is served. Before, it was closed at
+    once: a "failed calling webhook" for the apiserver."""
     cap = 4
     async with serving(tmp_path, max_connections=cap, body_timeout=timedelta(seconds=20)) as served:
         busy = []
@@ -221,25 +227,56 @@ async def test_at_the_cap_a_request_in_progress_is_never_evicted(tmp_path: Path)
                     busy.append((reader, writer))
                 while served.server.guard._idle:  # until the handlers have the requests
                     await asyncio.sleep(0.01)
-                # A newcomer finds no idle connection to evict: it is the one refused,
-                # during its handshake or right after.
-                try:
-                    reader, writer = await open_tls(served.port, served.context)
-                except (ConnectionError, ssl.SSLError):
-                    pass
-                else:
-                    extra.append(writer)
-                    assert await closed_by_peer(reader)
-                assert served.server.guard.rejected >= 1
-                for reader, writer in busy:  # and every request in progress is answered
+                newcomer = asyncio.create_task(open_tls(served.port, served.context))
+                await asyncio.sleep(1.0)
+                assert not newcomer.done(), "the newcomer was let in past the cap, or refused"
+                assert served.server.guard.count == cap
+                assert served.server.guard.rejected == 0
+                assert served.server.guard.backpressured >= 1
+                first_reader, first_writer = busy[0]
+                first_writer.write(request_bytes(body)[-10:])  # one request is answered
+                assert (await read_response(first_reader))[0] == 200
+                reader, writer = await newcomer  # ... its connection idles: evicted for it
+                extra.append(writer)
+                writer.write(request_bytes(body))
+                assert (await read_response(reader))[0] == 200
+                for reader, writer in busy[1:]:  # and every request in progress is answered
                     writer.write(request_bytes(body)[-10:])
                     status, _, _ = await read_response(reader)
                     assert status == 200
+                assert served.server.guard.rejected == 0
         finally:
             for _, w in busy:
                 close_quietly(w)
             for w in extra:
                 close_quietly(w)
+
+
+async def test_a_burst_of_new_connections_past_the_cap_is_queued_not_refused(
+    tmp_path: Path,
+) -> None:
+    """Five times the cap of connections at once, one review on each (apiservers under a
+    write burst): every review is answered. The newcomers wait for room (backpressure),
+    and a connection still in its handshake or its first request is never the one evicted.
+    Before, 32 of these 40 were reset: evicting "the longest idle" took connections of the
+    burst itself."""
+    cap = 8
+    async with serving(tmp_path, max_connections=cap) as served:
+        body = review_body()
+
+        async def one() -> int:
+            reader, writer = await open_tls(served.port, served.context)
+            try:
+                status, _, _ = await roundtrip(reader, writer, body)
+                return status
+            finally:
+                close_quietly(writer)
+
+        async with asyncio.timeout(30):
+            statuses = await asyncio.gather(*(one() for _ in range(5 * cap)))
+        assert statuses == [200] * (5 * cap)
+        assert served.server.guard.rejected == 0
+        assert served.server.guard.count <= cap
 
 
 async def test_each_connection_costs_a_small_bounded_amount_of_memory(tmp_path: Path) -> None:
@@ -325,9 +362,10 @@ async def test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit(
             context = pki.client_context()
             for _ in range(cap + 50):
                 try:
-                    reader, writer = await open_tls(serve.port, context)
-                except (ConnectionError, ssl.SSLError):
-                    continue  # refused at the cap: every connection has a request
+                    async with asyncio.timeout(2):
+                        reader, writer = await open_tls(serve.port, context)
+                except TimeoutError:
+                    continue  # at the cap, every connection busy: it waits in the backlog
                 writer.write(request)
                 held.append((reader, writer))
             await asyncio.sleep(3)

@@ -591,7 +591,7 @@ class EnforcerServer:
         site = GuardedTLSSite(runner, host, port, ssl_context=tls.ssl_context, guard=self.guard)
         await site.start()
         self._site = site
-        self.port = _bound_port(runner)
+        self.port = site.bound_port
         self.state.ready = True
         log.info(
             "serving",
