@@ -44,6 +44,9 @@ EDGE_INSTANCES = (
     "1", "2", "3", "4", "10", "9223372036854775806", "9223372036854775807",
     "9223372036854775808", "0", "-1", " 7", "7 ", "1e3", "01", "", "x", "+3",
     "1000000000000000000", "9999999999999999999", "1" * 20, "1" * 70, "1" * 100_000,
+    # Line breaks: the policy's message must still be built (it may hold none) and name
+    # its rule, as the webhook's does.
+    "5\n", "3\r\n",
 )  # fmt: skip
 OLD_HOLDS: tuple[tuple[str, str | None, bool], ...] = (
     # (name, hold-instance value, the other three hold keys too)

@@ -64,6 +64,15 @@ def _list(items: Sequence[str]) -> str:
     return "[" + ", ".join(_lit(item) for item in items) + "]"
 
 
+def _shown(value: str) -> str:
+    """CEL: ``value`` cut to 64 characters, with its line breaks and tabs escaped."""
+    clipped = f"(size({value}) > 64 ? {value}.substring(0, 64) + '...' : {value})"
+    return (
+        f"{clipped}.replace('\\\\', '\\\\\\\\').replace('\\n', '\\\\n')"
+        ".replace('\\r', '\\\\r').replace('\\t', '\\\\t')"
+    )
+
+
 def _valid(value: str) -> str:
     """CEL: ``value`` (a string expression) is a canonical instance in [1, 2^63-1]."""
     # The length test first: it bounds the regex's cost to 19 characters, whatever the
@@ -125,18 +134,12 @@ def _common_variables(prefix: str) -> list[dict[str, str]]:
         {"name": "oldInst", "expression": f"variables.oldAnns[?{key}].orValue('')"},
         {"name": "newValid", "expression": f"variables.hasNew && {_valid('variables.newInst')}"},
         {"name": "oldValid", "expression": f"variables.hasOld && {_valid('variables.oldInst')}"},
-        # The new value as a message shows it: a message that fails to build (too long)
-        # would lose the rule's name, and an annotation may be up to 256 KiB.
-        {
-            "name": "newShown",
-            "expression": "size(variables.newInst) > 64 "
-            "? variables.newInst.substring(0, 64) + '...' : variables.newInst",
-        },
-        {
-            "name": "oldShown",
-            "expression": "size(variables.oldInst) > 64 "
-            "? variables.oldInst.substring(0, 64) + '...' : variables.oldInst",
-        },
+        # The new value as a message shows it: a message that fails to build would lose the
+        # rule's name (the apiserver then answers "failed expression: ..."). It fails when
+        # too long (an annotation may be up to 256 KiB) and when it holds a line break
+        # (so "5\n" is shown as 5\n, escaped, as the webhook's repr shows it).
+        {"name": "newShown", "expression": _shown("variables.newInst")},
+        {"name": "oldShown", "expression": _shown("variables.oldInst")},
         # The instance at stake, as the webhook reports it: the new value, else the old.
         {
             "name": "inst",
