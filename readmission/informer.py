@@ -3,8 +3,11 @@
 An ``Informer`` keeps a ``Store`` equal to what the apiserver holds for one resource (one
 label selector, cluster-wide), and calls a handler with every change it applies:
 
-1. LIST (``_request_timeout``; items and the list's resourceVersion), replacing the store
-   and reporting the difference to the handler, so nothing changed during a gap is lost;
+1. LIST (``_request_timeout`` per page; items and the list's resourceVersion) in pages of
+   ``list_page`` items (``limit`` and ``continue``: one consistent snapshot), each page
+   slimmed as it comes, so a start-up LIST of 100,000 pods never holds more than a page of
+   full objects; then the store is replaced and the difference reported to the handler, so
+   nothing changed during a gap is lost;
 2. WATCH from that resourceVersion (``allowWatchBookmarks``, a server-side
    ``timeout_seconds`` and a client read timeout a little longer), resumed from the last
    resourceVersion seen (an event's or a bookmark's) whenever it ends or breaks;
@@ -159,6 +162,10 @@ class InformerStats:
         self.errors = 0
 
 
+LIST_PAGE = 500
+"""Items per page of an informer's LIST (client-go's reflector pages by 500 too)."""
+
+
 class Informer:
     """One resource's list+watch loop in a thread (``start``/``stop``), or one LIST at a
     time (``relist``) for a synchronous pass."""
@@ -177,7 +184,9 @@ class Informer:
         transform: Callable[[Obj], Obj] | None = None,
         on_restart: Callable[[str, str, BaseException | None], None] | None = None,
         max_backoff: float = 10.0,
+        list_page: int = LIST_PAGE,
     ) -> None:
+        self.list_page = list_page
         self.name = name
         self._list_call = list_call
         self.store = store
@@ -243,20 +252,38 @@ class Informer:
                 backoff = min(backoff * 2, self._max_backoff)
 
     def relist(self) -> None:
-        """LIST, replace the store, report every difference; remembers the list's RV."""
-        response = self._list_call(
-            label_selector=self._selector,
-            _preload_content=False,
-            _request_timeout=self._request_timeout,
-        )
-        try:
-            data = json.loads(response.data)
-        finally:
-            response.release_conn()
+        """LIST (in pages), replace the store, report every difference; remembers the
+        list's RV. A continue token that expires mid-way (410) starts the LIST again."""
+        items: list[Obj] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "label_selector": self._selector,
+                "limit": self.list_page,
+                "_preload_content": False,
+                "_request_timeout": self._request_timeout,
+            }
+            if token:
+                kwargs["_continue"] = token
+            try:
+                response = self._list_call(**kwargs)
+            except ApiException as exc:
+                if exc.status == _GONE and token:
+                    items, token = [], None  # the snapshot expired: from the start
+                    continue
+                raise
+            try:
+                data = json.loads(response.data)
+            finally:
+                response.release_conn()
+            items.extend(self._slim(item) for item in data.get("items") or [])
+            meta = data.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                break
         self.stats.lists += 1
-        items = [self._slim(item) for item in data.get("items") or []]
         changes = self.store.replace(items)
-        self.resource_version = data["metadata"]["resourceVersion"]
+        self.resource_version = meta["resourceVersion"]
         self.synced.set()
         for old, new in changes:
             self._handler(old, new)

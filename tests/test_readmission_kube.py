@@ -433,3 +433,53 @@ def test_holdwarden_serve_runs_the_gate_when_enabled(
         output = server.communicate(timeout=15)[0].decode()
     assert server.returncode == 0, output[-3000:]
     assert "readmission gate started" in output
+
+
+def test_an_informer_lists_in_pages_and_misses_nothing(
+    cluster: LocalCluster, admin_client: k8s.ApiClient, namespace: str
+) -> None:
+    """The start-up LIST goes in pages (limit and continue), so a cache of 100,000 pods
+    never holds more than a page of full objects at once; every item of every page lands
+    in the store, slimmed, and the list's resourceVersion is remembered for the watch."""
+    import threading
+
+    from readmission.informer import Informer, Store
+
+    core = k8s.CoreV1Api(admin_client)
+    label = f"page-{uuid.uuid4().hex[:6]}"
+    for i in range(11):
+        pod: Any = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"p-{i}", "labels": {JOBSET_NAME_LABEL: label}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }
+        core.create_namespaced_pod(namespace, pod)
+    calls: list[dict[str, Any]] = []
+
+    def listing(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return core.list_namespaced_pod(namespace, **kwargs)
+
+    seen: list[Any] = []
+    informer = Informer(
+        "pods",
+        listing,
+        store=Store(),
+        handler=lambda old, new: seen.append(new),
+        stop=threading.Event(),
+        request_timeout=10,
+        watch_timeout=5,
+        label_selector=f"{JOBSET_NAME_LABEL}={label}",
+        transform=lambda pod: {"metadata": {"name": pod["metadata"]["name"],
+                                            "namespace": pod["metadata"]["namespace"]}},
+        list_page=4,
+    )  # fmt: skip
+    informer.relist()
+    assert len(calls) == 3 and all(c["limit"] == 4 for c in calls)
+    assert "_continue" not in calls[0] and all(c.get("_continue") for c in calls[1:])
+    assert sorted(o["metadata"]["name"] for o in informer.store.values()) == sorted(
+        f"p-{i}" for i in range(11)
+    )
+    assert all(set(o) == {"metadata"} for o in informer.store.values())  # slimmed per page
+    assert len(seen) == 11 and informer.resource_version
