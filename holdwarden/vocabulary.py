@@ -121,6 +121,25 @@ class RuleId(StrEnum):
     HELD_WORKLOAD_KEPT = "held-workload-kept"
 
 
+def event_reason(rule: str | None) -> str:
+    """The UpperCamelCase Event reason of a rule id (Kubernetes' convention for reasons):
+    ``held-trainjob-suspended`` is ``HeldTrainjobSuspended``; no rule is ``Refused``."""
+    if not rule:
+        return "Refused"
+    return "".join(part[:1].upper() + part[1:] for part in str(rule).split("-") if part)
+
+
+def rule_of_event_reason(reason: object) -> str | None:
+    """The rule id an Event reason of ours stands for (``event_reason`` undone), for the
+    rules this build knows; an older Event's reason (the rule id itself) as it is."""
+    if not isinstance(reason, str):
+        return None
+    for rule in RuleId:
+        if reason in (event_reason(rule), str(rule)):
+            return str(rule)
+    return None if reason == "Refused" else reason
+
+
 # hold-owner-only's break-glass: members of this group may always change a hold. It is the
 # apiserver's own superuser group (RBAC cannot restrict it), so exempting it gives a cluster
 # admin nothing they could not do anyway (delete the webhook or the policy), but lets them

@@ -32,7 +32,7 @@ from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
 from holdwarden.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
-from holdwarden.vocabulary import TRAINJOB
+from holdwarden.vocabulary import TRAINJOB, event_reason
 from tests.enforcer_tls import run_in_thread
 from tests.kustomize_render import render
 from tests.shipped_webhook import (
@@ -226,7 +226,7 @@ def test_a_refused_write_becomes_an_event_regarding_the_object(
         "namespace": namespace,
         "name": name,
     }
-    assert event["reason"] == RULE and event["type"] == "Warning"
+    assert event["reason"] == event_reason(RULE) and event["type"] == "Warning"
     assert event["action"] == "RefuseUpdate"
     assert event["reportingController"] == "holdwarden.io/enforcer"
     assert event["reportingInstance"] == enforcer.sink.instance

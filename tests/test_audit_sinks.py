@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from holdwarden.config import AuditEventsConfig, Config, ConfigError
+from holdwarden.vocabulary import RuleId, event_reason, rule_of_event_reason
 from tests.audit_helpers import record
 from webhook.audit import AuditFilter, is_audit_record, read_audit_stream
 from webhook.audit_sinks import (
@@ -221,7 +222,8 @@ def test_event_body(fields: dict[str, Any], count: int, check: dict[str, Any]) -
         rec, name="job.0123", count=count, first=T0, last=T0 + timedelta(seconds=5),
         instance="holdwarden-0", labels=LABELS,
     )  # fmt: skip
-    assert body["reason"] == rec["rule"] and body["type"] == "Warning"
+    assert body["reason"] == event_reason(rec["rule"]) and body["type"] == "Warning"
+    assert body["reason"][0].isupper() and "-" not in body["reason"]
     assert body["reportingController"] == "holdwarden.io/enforcer"
     assert body["reportingInstance"] == "holdwarden-0"
     assert body["eventTime"] == "2026-12-03T09:00:00.123456Z"
@@ -629,3 +631,15 @@ async def test_property_the_events_never_overcount_and_nothing_is_lost_silently(
         EVENT_WRITE_ATTEMPTS
     ):
         assert shown == refusals  # fewer transient failures than attempts: exact
+
+
+@pytest.mark.parametrize("rule", list(RuleId))
+def test_event_reasons_are_upper_camel_case_and_read_back_as_rule_ids(rule: RuleId) -> None:
+    reason = event_reason(rule)
+    assert reason[0].isupper() and reason.isalnum(), reason
+    assert rule_of_event_reason(reason) == str(rule)
+    assert rule_of_event_reason(str(rule)) == str(rule)  # an Event an older build wrote
+
+
+def test_a_record_without_a_rule_is_reason_refused() -> None:
+    assert event_reason(None) == "Refused" and rule_of_event_reason("Refused") is None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -47,3 +50,46 @@ def test_gauges_and_certificate_expiry() -> None:
     text = metrics.exposition().decode()
     assert "# TYPE holdwarden_webhook_reviews_total counter" in text
     assert "# TYPE holdwarden_webhook_review_duration_seconds histogram" in text
+
+
+def test_every_reviews_series_exists_from_the_start_with_build_and_process_metrics() -> None:
+    """Before the first review, rate() has a series to read for every resource, operation,
+    decision and rule; build_info names the version; the process and Python collectors
+    are in the registry the server serves."""
+    from prometheus_client import generate_latest
+
+    from holdwarden.vocabulary import RuleId
+
+    metrics = Metrics()
+    registry = metrics.registry
+    for rule in RuleId:
+        labels = {"resource": "workloads", "operation": "UPDATE", "decision": "denied",
+                  "rule": str(rule)}  # fmt: skip
+        assert registry.get_sample_value("holdwarden_webhook_reviews_total", labels) == 0.0
+    allowed = {"resource": "trainjobs", "operation": "CREATE", "decision": "allowed", "rule": ""}
+    assert registry.get_sample_value("holdwarden_webhook_reviews_total", allowed) == 0.0
+    text = generate_latest(registry).decode()
+    assert 'holdwarden_build_info{python="' in text and 'version="' in text
+    assert "process_resident_memory_bytes" in text
+    assert "python_info" in text and "python_gc_objects_collected_total" in text
+    metrics.observe("trainjobs", "CREATE", "allowed", "", 0.001)
+    assert registry.get_sample_value("holdwarden_webhook_reviews_total", allowed) == 1.0
+
+
+async def test_the_metrics_port_logs_no_scrape(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import urllib.request
+
+    from tests.enforcer_tls import serving
+
+    async with serving(tmp_path) as served:
+        with caplog.at_level(logging.DEBUG, logger="aiohttp.access"):
+            url = f"http://127.0.0.1:{served.server.metrics_port}/metrics"
+            for _ in range(3):
+                body = await asyncio.to_thread(
+                    lambda: urllib.request.urlopen(url, timeout=5).read()
+                )
+                assert b"holdwarden_webhook_reviews_total" in body
+    assert not [r for r in caplog.records if r.name == "aiohttp.access"], caplog.records

@@ -43,7 +43,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from holdwarden.config import AUDIT_SINKS, AuditEventsConfig
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD, event_reason, rule_of_event_reason
 from webhook.audit import bounded_line, rfc3339
 
 log = logging.getLogger("holdwarden.webhook.audit")
@@ -350,7 +350,7 @@ def event_body(
         "reportingController": REPORTING_CONTROLLER,
         "reportingInstance": instance[:128],
         "action": ("Refuse" + operation.title())[:128] or "Refuse",
-        "reason": str(record.get("rule") or "refused")[:EVENT_REASON_LIMIT],
+        "reason": event_reason(str(record.get("rule") or ""))[:EVENT_REASON_LIMIT],
         "type": "Warning",
         "note": truncate_note(str(record.get("message") or "")),
         "regarding": {
@@ -385,7 +385,7 @@ def record_from_event(event: Mapping[str, Any], labels: EventLabels) -> dict[str
         "time": series.get("lastObservedTime") or first,
         "firstTime": first,
         "count": int(series.get("count") or 1),
-        "rule": event.get("reason"),
+        "rule": rule_of_event_reason(event.get("reason")),
         "message": event.get("note"),
         "user": annotations.get(labels.user),
         "operation": annotations.get(labels.operation),

@@ -11,12 +11,21 @@ locked Counter/Histogram cost ~15 us.
 from __future__ import annotations
 
 import bisect
+import importlib.metadata
 import math
+import platform
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,12 +34,23 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from holdwarden.vocabulary import RuleId
+
 # Admission calls should take well under the apiserver's webhook timeout (10s default);
 # buckets resolve the sub-millisecond range where a healthy enforcer lives.
+try:
+    _VERSION = importlib.metadata.version("holdwarden")
+except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
+    _VERSION = "unknown"
+# The label values the reviews counter starts with (webhook/server.py's known values).
+_RESOURCES = ("trainjobs", "workloads")
+_OPERATIONS = ("CREATE", "UPDATE", "DELETE")
+
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+BUILD_INFO = "holdwarden_build_info"
 REVIEWS = "holdwarden_webhook_reviews"
 DURATION = "holdwarden_webhook_review_duration_seconds"
 IN_FLIGHT = "holdwarden_webhook_in_flight_requests"
@@ -91,8 +111,21 @@ class Metrics(Collector):
         self._cert_rejections: Callable[[], Mapping[str, int]] = dict
         self._audit: AuditHealth | None = None
         self._connections: Callable[[], tuple[int, Mapping[str, int]]] | None = None
+        # Every series a dashboard or an alert reads exists from the start, at 0: rate() of
+        # a series that appears only with its first review sees no increase at first.
+        for resource in _RESOURCES:
+            for operation in _OPERATIONS:
+                for decision in ("allowed", "skipped", "error"):
+                    self.reviews[(resource, operation, decision, "")] = 0
+                for rule in RuleId:
+                    self.reviews[(resource, operation, "denied", str(rule))] = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        # The process's CPU, memory and open files, the Python version and its GC: the
+        # standard collectors, in this registry (the default one is not served).
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
     def track_certificate(self, not_after: Callable[[], datetime | None]) -> None:
         """Read the certificate's notAfter at every scrape (it changes on hot reload)."""
@@ -121,6 +154,13 @@ class Metrics(Collector):
         self.duration_sum += seconds
 
     def collect(self) -> Iterator[Metric]:
+        build = GaugeMetricFamily(
+            BUILD_INFO,
+            "Always 1; the labels say which holdwarden is running.",
+            labels=("version", "python"),
+        )
+        build.add_metric([_VERSION, platform.python_version()], 1)
+        yield build
         reviews = CounterMetricFamily(
             REVIEWS,
             "Admission reviews answered, by resource, operation, decision and rule.",

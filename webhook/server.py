@@ -555,7 +555,9 @@ class EnforcerServer:
         self._watch = asyncio.create_task(tls.watch())
 
         metrics_runner = web.AppRunner(
-            build_metrics_app(self.metrics, self.state), shutdown_timeout=STOP_GRACE_SECONDS
+            build_metrics_app(self.metrics, self.state),
+            shutdown_timeout=STOP_GRACE_SECONDS,
+            access_log=None,  # a line per scrape (every 15-30 s, forever) says nothing
         )
         await metrics_runner.setup()
         self._runners.append(metrics_runner)

@@ -6,7 +6,7 @@
   apiserver's bootstrap RBAC binds it), so pods are bound to nodes by the real scheduler.
 - **One kwok v0.8.0 process per node**, each managing only its own node (label
   ``NODE_LABEL=<name>``). kwok is the node's kubelet: it keeps the node Ready and renews
-  its Lease in ``kube-node-lease`` every second (``--node-lease-duration-seconds=4``),
+  its Lease in ``kube-node-lease`` every 2.5 s (``--node-lease-duration-seconds=10``),
   turns the pods bound to it ``Running``, and confirms their deletion once they have a
   deletionTimestamp (the kubelet's part of graceful termination). Its stages are kwok's
   own, read from its module: node-initialize, node-heartbeat-with-lease, pod-ready and
@@ -47,8 +47,8 @@ NODE_LABEL = "holdwarden.io/kwok-node"
 """Which kwok process plays a node (its value is the node's name)."""
 KWOK_IDENTITY = "holdwarden:kwok"
 SCHEDULER_IDENTITY = "system:kube-scheduler"
-NODE_LEASE_SECONDS = 4
-"""kwok renews each node's Lease every quarter of this (1 s)."""
+NODE_LEASE_SECONDS = 10
+"""kwok renews each node's Lease every quarter of this (2.5 s)."""
 _STAGES = (
     "node/fast/node-initialize.yaml",
     "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",

@@ -98,9 +98,9 @@ def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: T
     nodes = _nodes(cluster)
     nodes.lose(lost)
     timeline.mark("heartbeat stops")
-    eventually(lambda: ready_status(nodes.get(lost)) == "Unknown", "the node is NotReady", 120)
+    eventually(lambda: ready_status(nodes.get(lost)) == "Unknown", "the node is NotReady", 180)
     timeline.mark("NotReady (Ready=Unknown)")
-    eventually(lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the node is tainted", 120)
+    eventually(lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the node is tainted", 180)
     timeline.mark("unreachable:NoExecute taint")
     eventually(
         lambda: objects.all_terminating_on(lost), "the lost node's pods are Terminating", 120
