@@ -19,8 +19,8 @@ binaries: $(STAMP)
 	# kube-apiserver, and the real Kueue, Trainer, JobSet and kube-controller-manager that
 	# tests/real runs (about 16 minutes of builds cold on two cores; cached after).
 	$(PY) -m holdwarden.localcluster --controllers
-	# Helm for the chart tests (tests/test_chart.py), built once like kube-apiserver.
-	$(PY) -m tests.helm_binary
+	# Helm and kustomize for the manifest tests (tests/test_chart.py, ...), built once.
+	$(PY) -m tests.tool_binaries
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

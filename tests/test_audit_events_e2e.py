@@ -34,7 +34,7 @@ from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
 from holdwarden.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
 from holdwarden.vocabulary import TRAINJOB, event_reason
 from tests.enforcer_tls import run_in_thread
-from tests.kustomize_render import render
+from tests.kustomize import render
 from tests.shipped_webhook import (
     local_registration,
     local_webhook,

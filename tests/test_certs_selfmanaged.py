@@ -39,7 +39,7 @@ from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.localcluster.ports import free_port
 from holdwarden.vocabulary import TRAINJOB, Annotations
 from tests.enforcer_tls import run_in_thread
-from tests.kustomize_render import render
+from tests.kustomize import render
 from tests.shipped_webhook import (
     local_registration,
     local_webhook,

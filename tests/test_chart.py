@@ -1,6 +1,6 @@
 """charts/holdwarden renders the same objects as the kustomize install, for each variant the
 chart offers (``helm template`` with the Helm built by ``make binaries``, against
-tests/kustomize_render.py). The kustomize objects are the ones the real apiserver accepts
+the real kustomize v5.5.0, tests/kustomize.py). The kustomize objects are the ones the real apiserver accepts
 strictly (tests/test_manifests_render.py), so equal objects are accepted too.
 
 Two differences are by design: the chart does not create the Namespace (Helm installs into
@@ -21,8 +21,8 @@ import yaml
 from holdwarden import __version__
 from holdwarden.config import Config
 from holdwarden.localcluster.binaries import BinariesUnavailable
-from tests.helm_binary import ensure_helm
-from tests.kustomize_render import render
+from tests.kustomize import render
+from tests.tool_binaries import ensure_helm
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "holdwarden"

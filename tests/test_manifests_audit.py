@@ -20,7 +20,7 @@ from kubernetes import client as k8s
 from holdwarden.cli import build_parser
 from holdwarden.config import Config
 from holdwarden.localcluster import LocalCluster
-from tests.kustomize_render import render
+from tests.kustomize import render
 from tests.test_manifests_render import NAMESPACE, _call, _collection, _find
 
 ROOT = Path(__file__).resolve().parent.parent

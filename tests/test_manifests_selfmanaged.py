@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from holdwarden.config import CertificatesConfig, Config
-from tests.kustomize_render import render
+from tests.kustomize import render
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"

@@ -1,0 +1,136 @@
+"""The CLIs the manifest tests run, Helm and kustomize, each built once from the Go module
+proxy.
+
+``python -m tests.tool_binaries`` (part of ``make binaries``) builds each tool at its pinned
+version from its committed module in ``tools/<name>`` (go.mod/go.sum pin every dependency;
+``-mod=readonly``, so the build never resolves a version on its own) into
+``$HOLDWARDEN_CACHE``, beside kube-apiserver. ``HOLDWARDEN_HELM`` / ``HOLDWARDEN_KUSTOMIZE``
+may name a prebuilt binary instead (its version is then the caller's responsibility).
+
+Like holdwarden/localcluster/binaries.py: a build writes ``<name>.partial`` and renames it
+into place under a file lock, so an interrupted or concurrent build never leaves a
+half-written binary; with no Go and no binary it raises ``BinariesUnavailable``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from holdwarden.localcluster.binaries import BinariesUnavailable, cache_dir
+
+TOOLS_DIR = Path(__file__).resolve().parent.parent / "tools"
+_MODULE_FILES = ("go.mod", "go.sum", "tools.go")
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    version: str
+    package: str
+    ldflags: str
+    override: str
+    """The environment variable that may name a prebuilt binary."""
+
+    @property
+    def module(self) -> Path:
+        return TOOLS_DIR / self.name
+
+
+HELM = Tool(
+    "helm", "v3.21.4", "helm.sh/helm/v3/cmd/helm",
+    "-s -w -X helm.sh/helm/v3/internal/version.version=v3.21.4", "HOLDWARDEN_HELM",
+)  # fmt: skip
+# The kustomize kubectl v1.32 embeds; the issue's admins used kubectl kustomize v5.5.
+KUSTOMIZE = Tool(
+    "kustomize", "v5.5.0", "sigs.k8s.io/kustomize/kustomize/v5",
+    "-s -w -X sigs.k8s.io/kustomize/api/provenance.version=v5.5.0", "HOLDWARDEN_KUSTOMIZE",
+)  # fmt: skip
+HELM_VERSION = HELM.version
+
+
+def tool_path(tool: Tool) -> Path:
+    """Where the built tool is cached: the folder names its version and its go.sum's hash,
+    so a changed module builds a new binary rather than reusing an old one."""
+    digest = hashlib.sha256()
+    for name in _MODULE_FILES:
+        digest.update((tool.module / name).read_bytes())
+    return cache_dir() / f"{tool.name}-{tool.version}-{digest.hexdigest()[:12]}" / tool.name
+
+
+def ensure_tool(tool: Tool, log: bool = True) -> Path:
+    """The executable: ``$<override>``, else the cached build, else built now."""
+    prebuilt = os.environ.get(tool.override)
+    if prebuilt:
+        path = Path(prebuilt)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise BinariesUnavailable(f"{tool.override}={path} is not an executable file")
+        return path
+    target = tool_path(tool)
+    if target.is_file():
+        return target
+    go = shutil.which("go")
+    if go is None:
+        raise BinariesUnavailable(
+            f"{tool.name} {tool.version} is not cached and 'go' is not on PATH: install "
+            f"Go >= 1.26 or set {tool.override} to a {tool.name} binary"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():  # built by another process while we waited
+            return target
+        partial = target.with_suffix(".partial")
+        command = [go, "build", "-trimpath", f"-ldflags={tool.ldflags}", "-o", str(partial),
+                   tool.package]  # fmt: skip
+        env = dict(os.environ, GOFLAGS="-mod=readonly", GOTOOLCHAIN="local", CGO_ENABLED="0")
+        if log:
+            print(
+                f"holdwarden: building {tool.name} {tool.version} from the Go module proxy "
+                f"into {target.parent} (once)",
+                file=sys.stderr,
+                flush=True,
+            )
+        started = time.monotonic()
+        result = subprocess.run(command, cwd=tool.module, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BinariesUnavailable(
+                f"building {tool.name} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+            )
+        partial.rename(target)
+        if log:
+            print(
+                f"holdwarden: built {tool.name} in {time.monotonic() - started:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return target
+
+
+def ensure_helm(log: bool = True) -> Path:
+    return ensure_tool(HELM, log)
+
+
+def ensure_kustomize(log: bool = True) -> Path:
+    return ensure_tool(KUSTOMIZE, log)
+
+
+def main() -> int:
+    try:
+        for tool in (HELM, KUSTOMIZE):
+            print(f"{tool.name}: {ensure_tool(tool)}")
+    except BinariesUnavailable as exc:
+        print(f"holdwarden: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
