@@ -1,7 +1,7 @@
 """charts/holdwarden renders the same objects as the kustomize install, for each variant the
-chart offers (``helm template`` with the Helm built by ``make binaries``, against
-the real kustomize v5.5.0, tests/kustomize.py). The kustomize objects are the ones the real apiserver accepts
-strictly (tests/test_manifests_render.py), so equal objects are accepted too.
+chart offers (``helm template`` with the Helm built by ``make binaries``, against the real
+kustomize v5.5.0, tests/kustomize.py). The kustomize objects are the ones the real
+apiserver accepts strictly (tests/test_manifests_render.py), so equal objects are too.
 
 Two differences are by design: the chart does not create the Namespace (Helm installs into
 an existing one: create it with its Pod Security labels first), and the ConfigMap's
