@@ -838,7 +838,8 @@ class _Setup:
                 *lifecycle,
                 "--leader-elect=false",
                 "--secure-port=0",
-                "--v=1",
+                # With nodes, 2: the node-lifecycle controller says why it taints (or not).
+                "--v=2" if self.cluster.node_count else "--v=1",
             ],
         )
         core = k8s.CoreV1Api(self.api)

@@ -129,6 +129,10 @@ class Nodes:
         process.kill()
         process.wait(timeout=10)
 
+    def lost(self) -> list[str]:
+        """The nodes whose kubelet is dead and whose Node object still exists."""
+        return [n for n in self.names if n not in self._processes and self.get(n) is not None]
+
     def restore(self, name: str) -> None:
         """The node's kubelet comes back (a new kwok process for it)."""
         if name in self._processes:

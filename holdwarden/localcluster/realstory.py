@@ -46,6 +46,9 @@ CONTROLLER_USER_PREFIXES = (
     "system:serviceaccount:kueue-system:",
     "system:serviceaccount:kubeflow-system:",
     "system:serviceaccount:jobset-system:",
+    # With nodes (holdwarden/localcluster/nodes.py): the scheduler and the kwok kubelets.
+    "system:kube-scheduler",
+    "holdwarden:kwok",
 )
 
 

@@ -39,6 +39,7 @@ from holdwarden.localcluster.controllers import CONTROLLERS
 from holdwarden.localcluster.nodes import Nodes, ready_status, unreachable_taint
 from holdwarden.localcluster.realstory import (
     LOCAL_QUEUE,
+    NotWithin,
     Objects,
     eventually,
     make_queues,
@@ -93,6 +94,20 @@ def _nodes(cluster: LocalCluster) -> Nodes:
     return cluster.nodes
 
 
+def _lifecycle_evidence(cluster: LocalCluster, lost: str) -> str:
+    """Every node's Ready status and taints, and what the node-lifecycle controller said."""
+    nodes = _nodes(cluster)
+    lines = [
+        f"{name}: Ready={ready_status(node)} taints="
+        f"{[(t.get('key'), t.get('effect')) for t in (node.get('spec') or {}).get('taints') or []]}"
+        for name in nodes.names
+        if (node := nodes.get(name)) is not None
+    ]
+    log = (cluster.workdir / "kube-controller-manager.log").read_text(errors="replace")
+    said = [line for line in log.splitlines() if "node_lifecycle" in line or "taint" in line]
+    return "\n".join([f"lost: {lost}", *lines, "--- node lifecycle ---", *said[-40:]])
+
+
 def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: Timeline) -> None:
     """Kill ``lost``'s kubelet; wait for what the real node lifecycle then does."""
     nodes = _nodes(cluster)
@@ -100,12 +115,26 @@ def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: T
     timeline.mark("heartbeat stops")
     eventually(lambda: ready_status(nodes.get(lost)) == "Unknown", "the node is NotReady", 180)
     timeline.mark("NotReady (Ready=Unknown)")
-    eventually(lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the node is tainted", 180)
-    timeline.mark("unreachable:NoExecute taint")
-    eventually(
-        lambda: objects.all_terminating_on(lost), "the lost node's pods are Terminating", 120
-    )
-    timeline.mark("its pods Terminating")
+    eventually(lambda: unreachable_taint(nodes.get(lost), "NoSchedule"), "the node is tainted", 180)
+    timeline.mark("unreachable:NoSchedule taint")
+    # Taint eviction: the NoExecute taint, then the pods' deletion after their 5 s
+    # toleration. It came within a second of NotReady in every run but one: a full-suite
+    # run under two busy loops, where no lost node ever got its NoExecute taint (the
+    # controller's evidence is printed when that happens). The story does not depend on
+    # it: the Hold deletes the pods too, and on a lost node they stay Terminating either
+    # way. So it is waited for, and reported, but not required.
+    try:
+        eventually(
+            lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the NoExecute taint", 60
+        )
+        timeline.mark("unreachable:NoExecute taint")
+        eventually(
+            lambda: objects.all_terminating_on(lost), "the lost node's pods are Terminating", 60
+        )
+        timeline.mark("its pods Terminating (taint eviction)")
+    except NotWithin as exc:
+        print(f"no taint eviction: {exc}\n{_lifecycle_evidence(cluster, lost)}")
+        timeline.mark("no taint eviction within 60 s (evidence printed)")
 
 
 @dataclass
@@ -131,6 +160,9 @@ def story(node_cluster: LocalCluster, enforced: Enforcement) -> Iterator[Story]:
     try:
         yield Story(node_cluster, enforced, namespace, objects, watcher, supervisor)
     finally:
+        # A test that failed with its node lost gives it back: the next one needs nodes.
+        for name in _nodes(node_cluster).lost():
+            _nodes(node_cluster).restore(name)
         watcher.stop()
         supervisor.close()  # type: ignore[no-untyped-call]
         admin.close()  # type: ignore[no-untyped-call]
@@ -179,6 +211,9 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
 
     eventually(only_lost_left, "the pods on healthy nodes go", 120)
     timeline.mark("healthy nodes' pods gone")
+    eventually(
+        lambda: story.objects.all_terminating_on(lost), "the lost node's pods Terminating", 120
+    )
     # Every pod so far is the first execution's (A is 1): those that ran, and those the
     # Job controller made to replace the evicted ones.
     first = {str(e.obj["metadata"]["uid"]) for e in story.watcher.events() if e.kind == "pod"}
