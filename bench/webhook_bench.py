@@ -131,7 +131,13 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
 
     async def main() -> None:
         tls = ReloadingTLS(cert_dir / "tls.crt", cert_dir / "tls.key")
-        if role == "enforcer":
+        if role in ("enforcer", "enforcer-narrow"):
+            if role == "enforcer-narrow":
+                # The enforcer as it was before wide reads: every read READ_BUFFER, whatever
+                # the body (bench/large_review_bench.py runs it beside the shipped one).
+                from webhook import connections
+
+                connections.WIDE_READ_BUFFER = connections.READ_BUFFER
             logging.getLogger().handlers.clear()
             configure_logging(logging.INFO)
             config = Config(
@@ -451,7 +457,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
     parser.add_argument("--rates", default="200,1000,3000")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--serve", choices=("enforcer", "floor"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--serve", choices=("enforcer", "enforcer-narrow", "floor"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--cert-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)

@@ -14,6 +14,7 @@ import ssl
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ from tests.enforcer_tls import (
     rss_kib,
     serving,
 )
-from webhook.connections import READ_BUFFER
+from webhook.connections import READ_BUFFER, WIDE_READ_BUFFER
 from webhook.server import APISERVER_MAX_JSON_DEPTH
 
 FAST = {
@@ -337,6 +338,78 @@ async def test_bodies_in_memory_at_once_are_bounded_across_connections(tmp_path:
         finally:
             close_quietly(slow)
             close_quietly(fast)
+
+
+def _padded_review(size: int) -> bytes:
+    """An allowed review of about ``size`` bytes (an unknown envelope field pads it)."""
+    doc = json.loads(review_body())
+    doc["padding"] = "x" * size
+    return json.dumps(doc).encode()
+
+
+async def _wait_for(predicate: Any, seconds: float) -> bool:
+    """Poll ``predicate`` until it holds or ``seconds`` pass (a busy machine is slow)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(predicate())
+
+
+async def test_a_large_body_is_read_wide_and_the_connection_narrows_once_it_is_read(
+    tmp_path: Path,
+) -> None:
+    # While a 600 KB body is on its way, its connection reads WIDE_READ_BUFFER at a time
+    # (within the body's own reservation); once it is answered, the connection is back to
+    # READ_BUFFER, so an idle connection costs what it did before.
+    async with serving(tmp_path, body_timeout=timedelta(seconds=20)) as served:
+        guard = served.server.guard
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            async with asyncio.timeout(30):
+                request = request_bytes(_padded_review(600_000))
+                writer.write(request[:-1000])  # headers and most of the body
+                await writer.drain()
+                assert await _wait_for(lambda: WIDE_READ_BUFFER in guard.read_buffer_sizes(), 10), (
+                    guard.read_buffer_sizes()
+                )
+                writer.write(request[-1000:])
+                status, _, answer = await read_response(reader)
+                assert status == 200 and b'"allowed":true' in answer
+                assert await _wait_for(lambda: guard.read_buffer_sizes() == [READ_BUFFER], 5), (
+                    guard.read_buffer_sizes()
+                )
+        finally:
+            close_quietly(writer)
+
+
+async def test_a_wide_buffer_is_never_larger_than_the_body_it_serves(tmp_path: Path) -> None:
+    # A 100 KB body gets a buffer of its own size, not WIDE_READ_BUFFER: all wide buffers
+    # together stay within the body budget. A body that fits READ_BUFFER is not widened.
+    async with serving(tmp_path, body_timeout=timedelta(seconds=20)) as served:
+        guard = served.server.guard
+        conns = [await open_tls(served.port, served.context) for _ in range(2)]
+        try:
+            async with asyncio.timeout(30):
+                bodies = [_padded_review(100_000), _padded_review(20_000)]
+                requests = [request_bytes(body) for body in bodies]
+                for (_, writer), request in zip(conns, requests, strict=True):
+                    writer.write(request[:-500])
+                    await writer.drain()
+                medium = len(bodies[0])
+                assert await _wait_for(lambda: medium in guard.read_buffer_sizes(), 10), (
+                    guard.read_buffer_sizes()
+                )
+                await asyncio.sleep(0.2)
+                sizes = sorted(guard.read_buffer_sizes())
+                assert sizes == [READ_BUFFER, medium], sizes
+                for (reader, writer), request in zip(conns, requests, strict=True):
+                    writer.write(request[-500:])
+                    assert (await read_response(reader))[0] == 200
+        finally:
+            for _, writer in conns:
+                close_quietly(writer)
 
 
 async def test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit(

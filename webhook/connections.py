@@ -55,6 +55,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # One TLS record is at most 16 KiB (plus its header and tag); two fit. asyncio's default of
 # 256 KiB per connection is what made 1,000 idle connections cost 343 MB.
 READ_BUFFER = 32 * 1024
+# A connection whose request has reserved a body larger than READ_BUFFER in the body budget
+# reads with a buffer of min(body, WIDE_READ_BUFFER) until that body is read, then goes
+# back to READ_BUFFER. 32 KiB reads made a 1.5 MB review cost ~1.8x the aiohttp floor's
+# CPU (eight times the socket reads, TLS reads and aiohttp data_received calls); a wide
+# buffer is never larger than the body it serves, so all wide buffers together stay
+# within webhook.maxInFlightBodyBytes and the idle-connection bound is unchanged.
+WIDE_READ_BUFFER = 256 * 1024
 # Encrypted bytes asyncio's TLS layer holds for a connection whose reader is paused, before
 # it stops reading the socket; its default (256 KiB) is per connection too.
 TLS_READ_HIGH_WATER = 64 * 1024
@@ -198,11 +205,13 @@ class _Conn:
         "quiet_since",
         "reading_since",
         "since",
+        "tls",
         "transport",
     )
 
-    def __init__(self, handler: Any, now: float) -> None:
+    def __init__(self, handler: Any, now: float, tls: GuardedTLSProtocol | None = None) -> None:
         self.handler = handler  # aiohttp's RequestHandler for this connection
+        self.tls = tls  # its TLS protocol, whose read buffer a large body widens
         self.transport: asyncio.Transport | None = None  # the TCP transport
         self.since = now  # accepted, or last answered
         # When the first byte of the next request arrived (accept counts: the handshake
@@ -246,7 +255,28 @@ class GuardedTLSProtocol(sslproto.SSLProtocol):
         # SSLProtocol's own flow-control setter (no public one before the handshake).
         self._set_read_buffer_limits(high=TLS_READ_HIGH_WATER)  # type: ignore[attr-defined]
         self._hw_guard = guard
-        self._hw_conn = _Conn(app_protocol, time.monotonic())
+        self._hw_conn = _Conn(app_protocol, time.monotonic(), self)
+
+    @property
+    def read_buffer_size(self) -> int:
+        """The size of the buffer the socket is read into, and of each TLS read."""
+        return self.max_size
+
+    def set_read_buffer(self, size: int) -> None:
+        """Read the socket, and decrypt, ``size`` bytes at a time from now on.
+
+        The buffer is replaced between reads (asyncio fills it and hands it over within one
+        callback), so no read is split across the old and the new buffer. Encrypted bytes
+        held while the reader is paused may be twice that, as with READ_BUFFER.
+        """
+        if size == self.max_size:
+            return
+        # SSLProtocol reads its class attribute max_size and its private buffer; an instance
+        # attribute and a new buffer are its only knobs (asyncio has no public setter).
+        self.max_size = size  # type: ignore[misc]
+        self._ssl_buffer = bytearray(size)
+        self._ssl_buffer_view = memoryview(self._ssl_buffer)
+        self._set_read_buffer_limits(high=max(TLS_READ_HIGH_WATER, 2 * size))  # type: ignore[attr-defined]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -436,6 +466,31 @@ class ConnectionGuard:
         if conn is not None:
             conn.busy = True
             self._idle.pop(conn, None)
+
+    def widen_reads(self, handler: object, body_bytes: int) -> bool:
+        """A request on ``handler``'s connection has ``body_bytes`` of the body budget
+        reserved: read its connection min(body_bytes, WIDE_READ_BUFFER) at a time until
+        ``narrow_reads``. False (nothing changed) for a body that fits READ_BUFFER."""
+        conn = self._by_handler.get(handler)
+        size = min(body_bytes, WIDE_READ_BUFFER)
+        if conn is None or conn.tls is None or conn.closed or size <= READ_BUFFER:
+            return False
+        conn.tls.set_read_buffer(size)
+        return True
+
+    def read_buffer_sizes(self) -> list[int]:
+        """Each open connection's read buffer in bytes (metrics and tests)."""
+        return [
+            conn.tls.read_buffer_size
+            for conn in self._by_handler.values()
+            if conn.tls is not None and not conn.closed
+        ]
+
+    def narrow_reads(self, handler: object) -> None:
+        """Back to READ_BUFFER: the body that justified a wide buffer has been read."""
+        conn = self._by_handler.get(handler)
+        if conn is not None and conn.tls is not None:
+            conn.tls.set_read_buffer(READ_BUFFER)
 
     def end(self, handler: object) -> None:
         conn = self._by_handler.get(handler)

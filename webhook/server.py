@@ -267,9 +267,15 @@ class Enforcer:
             # once read.
             async with asyncio.timeout(self.body_timeout):
                 granted = await self.budget.acquire(want)
+                # A large body still on its way is read in wide chunks, within its own
+                # reservation (webhook/connections.py, WIDE_READ_BUFFER).
+                guard = self.guard
+                wide = guard is not None and guard.widen_reads(request.protocol, granted)
                 try:
                     return await request.read()
                 finally:
+                    if wide and guard is not None:
+                        guard.narrow_reads(request.protocol)
                     self.budget.release(granted)
         except web.HTTPRequestEntityTooLarge:
             raise BadReview(413, too_big) from None
