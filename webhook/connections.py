@@ -57,10 +57,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 READ_BUFFER = 32 * 1024
 # A connection whose request has reserved a body larger than READ_BUFFER in the body budget
 # reads with a buffer of min(body, WIDE_READ_BUFFER) until that body is read, then goes
-# back to READ_BUFFER. 32 KiB reads made a 1.5 MB review cost ~1.8x the aiohttp floor's
+# back to READ_BUFFER. 32 KiB reads made a 1.5 MB review cost ~1.9x the aiohttp floor's
 # CPU (eight times the socket reads, TLS reads and aiohttp data_received calls); a wide
 # buffer is never larger than the body it serves, so all wide buffers together stay
-# within webhook.maxInFlightBodyBytes and the idle-connection bound is unchanged.
+# within webhook.maxInFlightBodyBytes (the process's bound grows by at most that) and the
+# idle-connection bound is unchanged.
 WIDE_READ_BUFFER = 256 * 1024
 # Encrypted bytes asyncio's TLS layer holds for a connection whose reader is paused, before
 # it stops reading the socket; its default (256 KiB) is per connection too.
@@ -266,8 +267,10 @@ class GuardedTLSProtocol(sslproto.SSLProtocol):
         """Read the socket, and decrypt, ``size`` bytes at a time from now on.
 
         The buffer is replaced between reads (asyncio fills it and hands it over within one
-        callback), so no read is split across the old and the new buffer. Encrypted bytes
-        held while the reader is paused may be twice that, as with READ_BUFFER.
+        callback), so no read is split across the old and the new buffer. The encrypted
+        bytes held while the reader is paused keep their bound (TLS_READ_HIGH_WATER): a
+        wide read may pass it once, and reading then pauses until they are decrypted, so a
+        wide connection costs at most its buffer more than a narrow one.
         """
         if size == self.max_size:
             return
@@ -276,7 +279,6 @@ class GuardedTLSProtocol(sslproto.SSLProtocol):
         self.max_size = size  # type: ignore[misc]
         self._ssl_buffer = bytearray(size)
         self._ssl_buffer_view = memoryview(self._ssl_buffer)
-        self._set_read_buffer_limits(high=max(TLS_READ_HIGH_WATER, 2 * size))  # type: ignore[attr-defined]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
