@@ -1,4 +1,5 @@
-"""Typed accessors over TrainJob and Workload objects: one meaning for every field.
+"""Typed accessors over TrainJob and Workload objects, and the writes of holdwarden's own
+marks on them: one meaning for every field.
 
 The adapter (``adapter/decisions.py``), the enforcer (``webhook/rules.py``) and the
 readmission gate (``readmission/decisions.py``) read the same fields of the same objects. They
@@ -18,23 +19,31 @@ judges whatever a client sent) and never raises. The meanings, once:
 - a Workload belongs to the TrainJob named by its *controller* ownerReference of kind
   TrainJob (Kueue writes exactly one), matched by uid where a uid is known.
 
+The writes are pure builders (``hold_annotations``, ``opened_annotation``,
+``attempt_annotation``, ``annotated``, ``with_admission_check``): they return what to write
+and never modify what was read. The adapter's decisions and the readmission gate write the
+hold annotations, the opened mark and ``P/attempt`` only through them.
+
 Hot path: the enforcer calls these for every review, so ``dict`` is tested first (objects
 come from JSON); the ``Mapping`` ABC check costs about a microsecond a call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
 from holdwarden.vocabulary import (
+    JOB_UID_LABEL,
     MULTIKUEUE_CONTROLLER,
     QUEUE_NAME_LABEL,
     TRAINJOB,
     Annotations,
     Mode,
+    format_hold_instance,
     parse_hold_instance,
 )
 
@@ -89,6 +98,46 @@ def is_deleting(obj: object) -> bool:
     return bool(section(obj, "metadata").get("deletionTimestamp"))
 
 
+# ---- identity ----------------------------------------------------------------------------
+
+
+def namespace(obj: object) -> str | None:
+    value = section(obj, "metadata").get("namespace")
+    return value if isinstance(value, str) else None
+
+
+def uid(obj: object) -> str | None:
+    """``metadata.uid``; None when absent or not text."""
+    value = section(obj, "metadata").get("uid")
+    return value if isinstance(value, str) else None
+
+
+def resource_version(obj: object) -> str | None:
+    value = section(obj, "metadata").get("resourceVersion")
+    return value if isinstance(value, str) else None
+
+
+def generation(obj: object) -> int | None:
+    """``metadata.generation``; None when absent or not an integer (a bool is not one)."""
+    value = section(obj, "metadata").get("generation")
+    return value if type(value) is int else None
+
+
+def same_identity(was: object, now: object) -> bool:
+    """``now`` is the object ``was`` was: the same uid and the same ownerReferences (a
+    Workload re-owned, or a TrainJob deleted and made again under its name, is not)."""
+    before, after = section(was, "metadata"), section(now, "metadata")
+    return after.get("uid") == before.get("uid") and after.get("ownerReferences") == before.get(
+        "ownerReferences"
+    )
+
+
+def job_uid_selector(trainjob_uid: str) -> str:
+    """The label selector of the Workloads Kueue made for the TrainJob with that uid (the
+    label alone does not make a Workload the TrainJob's: ``controlled_by`` does)."""
+    return f"{JOB_UID_LABEL}={trainjob_uid}"
+
+
 # ---- hold and start-gate annotations ----------------------------------------------------
 
 
@@ -103,6 +152,31 @@ def hold_instance_text(obj: object, keys: Annotations | str) -> str | None:
 def hold_instance(obj: object, keys: Annotations | str) -> int | None:
     """The hold instance in force; None when absent or malformed."""
     return parse_hold_instance(hold_instance_text(obj, keys))
+
+
+@dataclass(frozen=True)
+class HoldMarks:
+    """The hold annotations on a held object, as text (each None when absent)."""
+
+    instance_text: str | None
+    reason: str | None
+    by: str | None
+    at: str | None
+
+    @property
+    def instance(self) -> int | None:
+        """The instance in force; None when absent or malformed."""
+        return parse_hold_instance(self.instance_text)
+
+
+def hold_marks(obj: object, keys: Annotations) -> HoldMarks:
+    """All four hold annotations of ``obj`` (None: no object, all absent)."""
+    return HoldMarks(
+        instance_text=annotation(obj, keys.hold_instance),
+        reason=annotation(obj, keys.hold_reason),
+        by=annotation(obj, keys.held_by),
+        at=annotation(obj, keys.held_at),
+    )
 
 
 def opened_at(trainjob: object, keys: Annotations) -> str | None:
@@ -121,6 +195,12 @@ def attempt(trainjob: object, keys: Annotations) -> int | None:
     execution count nobody can read must be fixed by hand before anything runs again.
     """
     return parse_attempt(attempt_text(trainjob, keys))
+
+
+def next_attempt(trainjob: object, keys: Annotations) -> int | None:
+    """A + 1: the ``P/attempt`` a new execution is counted as; None when A is garbled."""
+    current = attempt(trainjob, keys)
+    return None if current is None else current + 1
 
 
 def parse_attempt(value: str | None) -> int | None:
@@ -183,14 +263,38 @@ def condition_true(obj: object, type_: str) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
+def _admission_check_list(workload: object) -> list[Any]:
+    found = section(workload, "status").get("admissionChecks")
+    return found if isinstance(found, list) else []
+
+
+def admission_checks(workload: object) -> list[tuple[int, Mapping[str, Any]]]:
+    """The Workload's ``status.admissionChecks`` entries that are objects, each with its
+    index in the list (what ``with_admission_check`` takes), in order."""
+    return [(i, c) for i, c in enumerate(_admission_check_list(workload)) if is_map(c)]
+
+
+def admission_check_names(workload: object) -> list[str]:
+    """The names of the Workload's AdmissionChecks, in order (entries without a text name
+    are left out)."""
+    return [str(c["name"]) for _, c in admission_checks(workload) if isinstance(c.get("name"), str)]
+
+
+def admission_check(workload: object, names: Iterable[str]) -> tuple[int, Mapping[str, Any]] | None:
+    """The first of the Workload's AdmissionChecks named in ``names``, with its index."""
+    wanted = frozenset(names)
+    for index, check in admission_checks(workload):
+        if check.get("name") in wanted:
+            return index, check
+    return None
+
+
 def admission_check_states(workload: object) -> tuple[tuple[str, str], ...]:
     """The Workload's ``status.admissionChecks`` as (name, state) pairs, sorted by name;
     entries without a text name are left out. Empty: Kueue applied no AdmissionCheck."""
-    found = section(workload, "status").get("admissionChecks")
-    entries = [c for c in found if is_map(c)] if isinstance(found, list) else []
     pairs = {
         str(c["name"]): _as_text(c.get("state"))
-        for c in entries
+        for _, c in admission_checks(workload)
         if isinstance(c.get("name"), str) and c["name"]
     }
     return tuple(sorted(pairs.items()))
@@ -241,6 +345,67 @@ def controlled_by(workload: object, uid: str) -> bool:
     """The Workload's controller TrainJob is the one with ``uid``."""
     owner = controller_trainjob(workload)
     return owner is not None and owner.uid == uid
+
+
+# ---- writes: pure builders of what to write ----------------------------------------------
+
+
+def hold_annotations(
+    keys: Annotations, *, instance: int, reason: str, holder: str, at: datetime
+) -> dict[str, str]:
+    """The four hold annotations Hold writes on the held object, in the same update as its
+    hold field (Release removes all of them: ``keys.hold_keys``)."""
+    return {
+        keys.hold_instance: format_hold_instance(instance),
+        keys.hold_reason: reason,
+        keys.held_at: format_time(at),
+        keys.held_by: holder,
+    }
+
+
+def opened_annotation(keys: Annotations, at: datetime) -> dict[str, str]:
+    """The opened mark (``P/opened``) the first Open writes on the TrainJob."""
+    return {keys.opened: format_time(at)}
+
+
+def attempt_annotation(keys: Annotations, value: int) -> dict[str, str]:
+    """``P/attempt`` = ``value`` (Open and Release raise A to ``next_attempt``; the gate to
+    the attempt its Ready check granted)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"an attempt is an integer >= 0, got {value!r}")
+    return {keys.attempt: str(value)}
+
+
+def annotated(
+    obj: Obj, put: Mapping[str, str] | None = None, remove: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The object to write: ``obj`` with the annotations in ``remove`` taken away and those
+    in ``put`` set, in new ``metadata``, ``metadata.annotations`` and ``spec`` dicts; every
+    other part is shared with ``obj``, which is never modified.
+
+    Why shallow: a write changes only annotations and top-level ``spec`` fields, and
+    copying status and managedFields (most of an object) would be work done between the
+    read and the write for nothing (``adapter.patches`` relies on the sharing too).
+    """
+    body = dict(obj)
+    meta = body["metadata"] = dict(section(obj, "metadata"))
+    found = meta.get("annotations")
+    ann = meta["annotations"] = dict(found) if isinstance(found, dict) else {}
+    for key in remove:
+        ann.pop(key, None)
+    if put:
+        ann.update(put)
+    if isinstance(body.get("spec"), dict):
+        body["spec"] = dict(body["spec"])
+    return body
+
+
+def with_admission_check(workload: Obj, index: int, fields: Mapping[str, str]) -> dict[str, Any]:
+    """A deep copy of the Workload with ``fields`` set on ``status.admissionChecks[index]``
+    (what the readmission gate writes to the status subresource)."""
+    updated = copy.deepcopy(dict(workload))
+    updated["status"]["admissionChecks"][index].update(fields)
+    return updated
 
 
 # ---- time --------------------------------------------------------------------------------

@@ -142,7 +142,8 @@ _json = st.recursive(
         st.sampled_from(
             ["metadata", "spec", "status", "annotations", "labels", "ownerReferences",
              "conditions", "suspend", "active", A.hold_instance, A.attempt, A.opened, "kind",
-             "controller", "name", "uid", "type", "deletionTimestamp"]
+             "controller", "name", "uid", "type", "deletionTimestamp", "admissionChecks",
+             "generation", "namespace", "resourceVersion", "state", A.hold_reason]
         ),
         inner,
         max_size=4,
@@ -168,3 +169,212 @@ def test_every_accessor_is_total(obj: Any) -> None:
     objects.is_deleting(obj)
     instance = objects.hold_instance(obj, A)
     assert instance is None or str(instance) == objects.hold_instance_text(obj, A)
+    assert objects.hold_marks(obj, A).instance == instance
+    for read in (objects.uid, objects.namespace, objects.resource_version):
+        assert read(obj) is None or isinstance(read(obj), str)
+    assert objects.generation(obj) is None or type(objects.generation(obj)) is int
+    assert objects.same_identity(obj, obj)
+    objects.admission_check_names(obj)
+    objects.admission_check(obj, ["gate"])
+    objects.admission_check_states(obj)
+    nxt = objects.next_attempt(obj, A)
+    assert nxt is None or nxt == (objects.attempt(obj, A) or 0) + 1
+
+
+# ---- identity ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("metadata", "uid", "generation"),
+    [
+        pytest.param({}, None, None, id="absent"),
+        pytest.param({"uid": "u1", "generation": 3}, "u1", 3, id="present"),
+        pytest.param({"uid": 7, "generation": "3"}, None, None, id="wrong-types"),
+        pytest.param({"uid": "", "generation": True}, "", None, id="empty-uid-bool-generation"),
+        pytest.param({"generation": 0}, None, 0, id="generation-zero"),
+    ],
+)
+def test_uid_and_generation(metadata: dict[str, Any], uid: str | None, generation: Any) -> None:
+    obj = {"metadata": metadata}
+    assert objects.uid(obj) == uid
+    assert objects.generation(obj) == generation
+
+
+_REFS = [_owner(name="a", uid="u", controller=True)]
+
+
+@pytest.mark.parametrize(
+    ("was", "now", "same"),
+    [
+        pytest.param(meta(uid="u1"), meta(uid="u1", resourceVersion="9"), True, id="moved-on"),
+        pytest.param(meta(uid="u1"), meta(uid="u2"), False, id="replaced"),
+        pytest.param(
+            meta(uid="u1", ownerReferences=_REFS), meta(uid="u1"), False, id="owner-dropped"
+        ),
+        pytest.param(
+            meta(uid="u1", ownerReferences=_REFS),
+            meta(uid="u1", ownerReferences=list(_REFS)),
+            True,
+            id="same-owners",
+        ),
+        pytest.param({}, {"metadata": None}, True, id="neither-has-identity"),
+    ],
+)
+def test_same_identity(was: Any, now: Any, same: bool) -> None:
+    assert objects.same_identity(was, now) is same
+    assert objects.same_identity(now, was) is same
+
+
+def test_job_uid_selector() -> None:
+    assert objects.job_uid_selector("u-1") == "kueue.x-k8s.io/job-uid=u-1"
+
+
+# ---- status.admissionChecks ----------------------------------------------------------------
+
+
+def _checks(entries: Any) -> dict[str, Any]:
+    return {"status": {"admissionChecks": entries}}
+
+
+@pytest.mark.parametrize(
+    ("entries", "names", "states", "gate"),
+    [
+        pytest.param(None, [], (), None, id="absent"),
+        pytest.param("junk", [], (), None, id="not-a-list"),
+        pytest.param(
+            [{"name": "gate", "state": "Pending"}, {"name": "mk", "state": "Ready"}],
+            ["gate", "mk"],
+            (("gate", "Pending"), ("mk", "Ready")),
+            0,
+            id="two",
+        ),
+        pytest.param(
+            ["junk", {"name": "z", "state": "Ready"}, {"name": "gate"}],
+            ["z", "gate"],
+            (("gate", "None (NoneType)"), ("z", "Ready")),
+            2,
+            id="junk-keeps-the-index",
+        ),
+        pytest.param(
+            [{"name": 3, "state": "Ready"}, {"name": "", "state": "Ready"}],
+            [""],
+            (),
+            None,
+            id="names-not-text-or-empty",
+        ),
+    ],
+)
+def test_admission_checks(
+    entries: Any, names: list[str], states: tuple[tuple[str, str], ...], gate: int | None
+) -> None:
+    """One reading of status.admissionChecks for the adapter's Observe, the gate's index and
+    the gate's decision; the index is the entry's place in the list as written."""
+    wl = _checks(entries)
+    assert objects.admission_check_names(wl) == names
+    assert objects.admission_check_states(wl) == states
+    found = objects.admission_check(wl, {"gate"})
+    assert (None if found is None else found[0]) == gate
+    if found is not None:
+        assert entries[found[0]] is found[1]
+
+
+def test_with_admission_check_writes_a_copy() -> None:
+    wl = _checks(["junk", {"name": "gate", "state": "Pending", "message": "m"}])
+    updated = objects.with_admission_check(wl, 1, {"state": "Ready", "message": "ok"})
+    assert updated["status"]["admissionChecks"][1] == {
+        "name": "gate",
+        "state": "Ready",
+        "message": "ok",
+    }
+    assert wl == _checks(["junk", {"name": "gate", "state": "Pending", "message": "m"}])
+
+
+# ---- writes --------------------------------------------------------------------------------
+
+AT = datetime(2026, 12, 3, 12, 0, 5, tzinfo=UTC)
+
+
+def test_hold_annotations_round_trip_through_the_readers() -> None:
+    marks = objects.hold_annotations(A, instance=7, reason="node lost", holder="dispatch", at=AT)
+    assert marks == {
+        A.hold_instance: "7",
+        A.hold_reason: "node lost",
+        A.held_at: "2026-12-03T12:00:05Z",
+        A.held_by: "dispatch",
+    }
+    assert set(marks) == set(A.hold_keys)
+    read = objects.hold_marks(meta(annotations=marks), A)
+    assert (read.instance, read.reason, read.by, read.at) == (
+        7,
+        "node lost",
+        "dispatch",
+        "2026-12-03T12:00:05Z",
+    )
+    with pytest.raises(ValueError):
+        objects.hold_annotations(A, instance=0, reason="r", holder="h", at=AT)
+
+
+def test_opened_and_attempt_annotations() -> None:
+    assert objects.opened_annotation(A, AT) == {A.opened: "2026-12-03T12:00:05Z"}
+    assert objects.attempt_annotation(A, 0) == {A.attempt: "0"}
+    assert objects.attempt_annotation(A, 12) == {A.attempt: "12"}
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ValueError):
+            objects.attempt_annotation(A, bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(None, 1, id="absent-is-zero"),
+        pytest.param("0", 1, id="zero"),
+        pytest.param("41", 42, id="forty-one"),
+        pytest.param("x", None, id="garbled"),
+        pytest.param(3, None, id="not-text"),
+    ],
+)
+def test_next_attempt(value: Any, expected: int | None) -> None:
+    tj = meta(annotations={} if value is None else {A.attempt: value})
+    assert objects.next_attempt(tj, A) == expected
+
+
+@pytest.mark.parametrize(
+    ("obj", "put", "remove", "annotations"),
+    [
+        pytest.param(meta(), {"a": "1"}, (), {"a": "1"}, id="no-annotations"),
+        pytest.param(meta(annotations=None), None, ("a",), {}, id="null-annotations"),
+        pytest.param(
+            meta(annotations={"a": "1", "b": "2"}), {"c": "3"}, ("a",), {"b": "2", "c": "3"},
+            id="remove-then-put",
+        ),
+        pytest.param(
+            meta(annotations={"a": "1"}), {"a": "2"}, ("a",), {"a": "2"}, id="put-wins",
+        ),
+    ],
+)  # fmt: skip
+def test_annotated(
+    obj: dict[str, Any], put: dict[str, str] | None, remove: tuple[str, ...], annotations: Any
+) -> None:
+    assert objects.annotated(obj, put, remove)["metadata"]["annotations"] == annotations
+
+
+@given(
+    ann=st.dictionaries(st.sampled_from(["a", "b", A.attempt, *A.hold_keys]), st.text(max_size=3)),
+    put=st.dictionaries(st.sampled_from(["a", A.opened, A.attempt]), st.text(max_size=3)),
+    remove=st.lists(st.sampled_from(["b", *A.hold_keys])),
+)
+def test_property_annotated_copies_what_it_changes_and_shares_the_rest(
+    ann: dict[str, str], put: dict[str, str], remove: list[str]
+) -> None:
+    status = {"conditions": []}
+    obj = {"metadata": {"name": "j", "annotations": dict(ann)}, "spec": {"x": 1}, "status": status}
+    body = objects.annotated(obj, put, remove)
+    assert obj == {
+        "metadata": {"name": "j", "annotations": ann},
+        "spec": {"x": 1},
+        "status": status,
+    }
+    assert body["status"] is status  # shared: never copied between a read and its write
+    assert body["spec"] == {"x": 1} and body["spec"] is not obj["spec"]
+    expected = {k: v for k, v in ann.items() if k not in remove} | put
+    assert body["metadata"]["annotations"] == expected
