@@ -366,7 +366,7 @@ def test_annotated(
 def test_property_annotated_copies_what_it_changes_and_shares_the_rest(
     ann: dict[str, str], put: dict[str, str], remove: list[str]
 ) -> None:
-    status = {"conditions": []}
+    status: dict[str, Any] = {"conditions": []}
     obj = {"metadata": {"name": "j", "annotations": dict(ann)}, "spec": {"x": 1}, "status": status}
     body = objects.annotated(obj, put, remove)
     assert obj == {
