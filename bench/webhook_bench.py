@@ -398,15 +398,33 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def image_malloc_env(dockerfile: Path = ROOT / "Dockerfile") -> dict[str, str]:
+    """The glibc malloc settings the image's ``ENV`` sets (``MALLOC_*``), read from the
+    Dockerfile so that a server here runs as it does in the image."""
+    found: dict[str, str] = {}
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("ENV "):
+            for word in line[4:].split():
+                name, _, value = word.partition("=")
+                if name.startswith("MALLOC_") and value:
+                    found[name] = value
+    return found
+
+
 def start_server(
     role: str, cert_dir: Path, work: Path, cpu: int | None
 ) -> tuple[subprocess.Popen[str], int]:
+    """Serve ``role`` in its own process, with the image's malloc settings (every role
+    alike, the floor included, so a ratio compares the servers and not the allocator)."""
     command = [sys.executable, __file__, "--serve", role, "--cert-dir", str(cert_dir)]
     command += ["--work", str(work)]
     if cpu is not None:
         command += ["--cpu", str(cpu)]
     log = (work / f"{role}.log").open("w")
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    env = {**os.environ, **image_malloc_env()}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, env=env
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.strip().isdigit():

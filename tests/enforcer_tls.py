@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from bench.webhook_bench import image_malloc_env
 from certs.generate import KeyPair, generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
@@ -175,7 +176,9 @@ class ServeProcess:
         (directory / "config.yaml").write_text(yaml.safe_dump(config))
         self.log_path = directory / "serve.log"
         self._log = self.log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The image's malloc settings (Dockerfile ENV), so a memory bound measured here is
+        # the shipped server's.
+        env = {**os.environ, **image_malloc_env(), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [
                 sys.executable,

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.webhook_bench import image_malloc_env
 from certs.generate import generate_ca, generate_client
 from holdwarden.config import WebhookConfig
 from tests.enforcer_tls import (
@@ -627,3 +628,11 @@ async def test_nesting_as_deep_as_the_apiserver_stores_is_judged(tmp_path: Path)
                 assert status == 200
         finally:
             close_quietly(writer)
+
+
+def test_servers_here_run_with_the_images_malloc_settings() -> None:
+    # The benchmarks and the memory bounds above run the server as the image does: if the
+    # Dockerfile's MALLOC_* settings went missing or changed form, they would measure
+    # another allocator without saying so.
+    env = image_malloc_env()
+    assert env == {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "67108864"}
