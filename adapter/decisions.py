@@ -45,7 +45,6 @@ from holdwarden.vocabulary import (
     TRAINJOB,
     Annotations,
     Mode,
-    format_hold_instance,
     is_hold_instance,
     parse_hold_instance,
 )
@@ -122,52 +121,27 @@ def pod_check_carries_over(checked_after: Obj, now: Obj) -> bool:
     both reads, and not being deleted; anything else, or anything missing, is False (list
     the pods again).
     """
-    was, is_ = objects.section(checked_after, "metadata"), objects.section(now, "metadata")
-    uid, generation = was.get("uid"), was.get("generation")
+    uid, generation = objects.uid(checked_after), objects.generation(checked_after)
     return (
-        isinstance(uid, str)
-        and uid != ""
-        and is_.get("uid") == uid
-        and type(generation) is int  # bool is an int too: not a generation
-        and type(is_.get("generation")) is int
-        and is_.get("generation") == generation
+        bool(uid)
+        and objects.uid(now) == uid
+        and generation is not None  # objects.generation: a bool is not one
+        and objects.generation(now) == generation
         and objects.suspended(checked_after)
         and objects.suspended(now)
-        and is_.get("deletionTimestamp") is None
-        and was.get("deletionTimestamp") is None
+        and not objects.is_deleting(now)
+        and not objects.is_deleting(checked_after)
     )
 
 
-# ---- writing helpers ---------------------------------------------------------------------
+# ---- writing helpers: the writes themselves are holdwarden.objects' ------------------------
 
 
-def _copy_with_annotations(obj: Obj) -> tuple[Obj, dict[str, Any]]:
-    """The body to decide into: new ``metadata``, ``metadata.annotations`` and ``spec``
-    dicts, everything else shared with ``obj``.
-
-    Invariant: decisions write only annotations and top-level ``spec`` fields, so the read
-    object is never modified, and copying status and managedFields (most of an object)
-    would be work done between the read and the write for nothing.
-    """
-    body = dict(obj)
-    meta = body["metadata"] = dict(body.get("metadata") or {})
-    ann = meta.get("annotations")
-    ann = meta["annotations"] = dict(ann) if isinstance(ann, dict) else {}
-    if isinstance(body.get("spec"), dict):
-        body["spec"] = dict(body["spec"])
-    return body, ann
-
-
-def _raise_attempt(ann: dict[str, Any], annotations: Annotations) -> str | None:
-    """Raise P/attempt by one in ``ann``; return an error text if the old value is garbled."""
-    current = objects.parse_attempt(ann.get(annotations.attempt))
-    if current is None:
-        return (
-            f"annotation {annotations.attempt}={ann.get(annotations.attempt)!r} is not a decimal"
-            " integer; fix it by hand before the object can run again"
-        )
-    ann[annotations.attempt] = str(current + 1)
-    return None
+def _garbled_attempt(obj: Obj, annotations: Annotations) -> str:
+    return (
+        f"annotation {annotations.attempt}={objects.attempt_text(obj, annotations)!r} is not a"
+        " decimal integer; fix it by hand before the object can run again"
+    )
 
 
 # ---- the decisions -----------------------------------------------------------------------
@@ -215,11 +189,10 @@ def decide_hold(
                 f" {last_seen_instance!r} as the previous read saw: another hold call moved it"
             ),
         )
-    body, ann = _copy_with_annotations(obj)
-    ann[annotations.hold_instance] = format_hold_instance(instance)
-    ann[annotations.hold_reason] = reason
-    ann[annotations.held_at] = objects.format_time(now)
-    ann[annotations.held_by] = holder
+    marks = objects.hold_annotations(
+        annotations, instance=instance, reason=reason, holder=holder, at=now
+    )
+    body = objects.annotated(obj, marks)
     spec = body.setdefault("spec", {})
     if mode == "kueue":
         spec["active"] = False
@@ -254,17 +227,15 @@ def decide_release(
         return Decision(
             Outcome.STALE, detail=f"{in_force} is in force, not {instance}: refusing to release"
         )
-    body, ann = _copy_with_annotations(obj)
-    for key in annotations.hold_keys:
-        ann.pop(key, None)
-    spec = body.setdefault("spec", {})
+    lifted = objects.annotated(obj, remove=annotations.hold_keys)
+    spec = lifted.setdefault("spec", {})
     if mode == "kueue":
         spec["active"] = True
-        return Decision(Outcome.WRITE, body=body, detail=f"lift hold instance {instance}")
+        return Decision(Outcome.WRITE, body=lifted, detail=f"lift hold instance {instance}")
     if not release_would_unsuspend(obj, annotations):
         return Decision(
             Outcome.WRITE,
-            body=body,
+            body=lifted,
             detail=f"lift hold instance {instance}; stays suspended (not opened, or ended)",
         )
     if pods_remain is None:
@@ -274,10 +245,11 @@ def decide_release(
             Outcome.PODS_REMAIN,
             detail="pods of the previous execution remain; nothing written, try again later",
         )
-    error = _raise_attempt(ann, annotations)
-    if error is not None:
-        return Decision(Outcome.REJECTED, detail=error)
-    spec["suspend"] = False
+    attempt = objects.next_attempt(obj, annotations)
+    if attempt is None:
+        return Decision(Outcome.REJECTED, detail=_garbled_attempt(obj, annotations))
+    body = objects.annotated(lifted, objects.attempt_annotation(annotations, attempt))
+    body["spec"]["suspend"] = False
     return Decision(
         Outcome.WRITE, body=body, detail=f"lift hold instance {instance} and run the job again"
     )
@@ -299,17 +271,18 @@ def decide_open(
     """
     if objects.opened_at(trainjob, annotations) is not None:
         return Decision(Outcome.DONE, detail="already opened")
-    body, ann = _copy_with_annotations(trainjob)
-    ann[annotations.opened] = objects.format_time(now)
+    mark = objects.opened_annotation(annotations, now)
+    body = objects.annotated(trainjob, mark)
     if mode == "kueue":
         return Decision(Outcome.WRITE, body=body, detail="mark opened")
     held = objects.hold_instance_text(trainjob, annotations) is not None
     if held or objects.ended_reason(trainjob) is not None or not objects.suspended(trainjob):
         why = "held" if held else "ended" if objects.ended_reason(trainjob) else "not suspended"
         return Decision(Outcome.WRITE, body=body, detail=f"mark opened only ({why})")
-    error = _raise_attempt(ann, annotations)
-    if error is not None:
-        return Decision(Outcome.REJECTED, detail=error)
+    attempt = objects.next_attempt(trainjob, annotations)
+    if attempt is None:
+        return Decision(Outcome.REJECTED, detail=_garbled_attempt(trainjob, annotations))
+    body = objects.annotated(trainjob, {**mark, **objects.attempt_annotation(annotations, attempt)})
     body.setdefault("spec", {})["suspend"] = False
     return Decision(Outcome.WRITE, body=body, detail="mark opened and start the first execution")
 
@@ -349,28 +322,27 @@ def classify(
     opened); then, opened and suspended: deactivated by someone else (plain mode) or
     waiting for admission (Kueue mode).
     """
-    tj_ann = objects.annotations_of(trainjob)
     held_obj = workload if mode == "kueue" else trainjob
-    hold_ann = objects.annotations_of(held_obj) if held_obj is not None else {}
-    raw = hold_ann.get(annotations.hold_instance)
-    attempt = objects.parse_attempt(tj_ann.get(annotations.attempt))
+    hold = objects.hold_marks(held_obj, annotations)
+    raw = hold.instance_text
+    attempt = objects.attempt(trainjob, annotations)
     cause = kueue_cause(workload) if workload is not None else None
     suspended = objects.suspended(trainjob)
-    opened_at = tj_ann.get(annotations.opened) or None
+    opened_at = objects.opened_at(trainjob, annotations)
     common: dict[str, Any] = {
         "ref": ref,
-        "hold_instance": parse_hold_instance(raw),
+        "hold_instance": hold.instance,
         "hold_instance_raw": raw,
-        "hold_reason": hold_ann.get(annotations.hold_reason),
-        "held_by": hold_ann.get(annotations.held_by),
-        "held_at": hold_ann.get(annotations.held_at),
+        "hold_reason": hold.reason,
+        "held_by": hold.by,
+        "held_at": hold.at,
         "kueue_cause": cause,
         "attempt": attempt if attempt is not None else 0,
         "opened": opened_at is not None,
         "opened_at": opened_at,
         "ended_reason": objects.ended_reason(trainjob),
         "suspended": suspended,
-        "workload": (workload.get("metadata") or {}).get("name") if workload else None,
+        "workload": objects.name(workload) if workload else None,
         "admission_checks": objects.admission_check_states(workload) if workload else (),
     }
     if common["ended_reason"] is not None:
