@@ -38,11 +38,10 @@ import aiohttp
 import msgspec
 from kubernetes import client as k8s
 
-from adapter.core import (
-    AdapterCore,
+from adapter.core import AdapterCore, Clock
+from adapter.steps import (
     ApiStatusError,
     BeforeRequest,
-    Clock,
     ConnectionLost,
     DriverError,
     NextChange,

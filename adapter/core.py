@@ -1,24 +1,9 @@
 """The adapter's operations with no I/O in them: the part the sync and asyncio adapters share.
 
 Each operation (Start, Open, Hold, Release, Observe, Preflight) is a generator. It yields
-*steps* and is resumed with their results:
-
-- ``BeforeRequest(req)``: call the caller's ``before_request`` hook (tests interleave other
-  writers there); resumed with nothing.
-- ``Send(req, http, timeout)``: send one HTTP request and resume with its decoded JSON
-  answer (None when ``http.decode`` is false), or throw one of the ``DriverError`` classes
-  into the generator: ``ApiStatusError`` (a non-2xx answer), ``NotConnected`` (no byte was
-  sent), ``NoAnswer`` (sent, then timed out), ``ConnectionLost`` (sent, then the connection
-  broke).
-- ``SendAll(sends)``: send several requests at once and resume with a tuple of their
-  answers, each a decoded body or the ``DriverError`` it met (a Kueue-mode read sends its
-  two GETs so).
-- ``Pause(seconds)``: sleep (Start's wait for the Workload, a conflict's backoff).
-- ``OpenWatch(req, http, timeout, lifetime)``: open a watch (a streaming GET) and resume,
-  once its first event (the object's state now) came, with an opaque handle; or throw a
-  ``DriverError`` as for ``Send``. The driver closes every watch when the operation ends.
-- ``NextChange(watch, wait)``: wait up to ``wait`` seconds for an event that arrives after
-  the step began, then resume with the watch's newest ``WatchView`` (fresh or not).
+*steps* (``adapter.steps``: send a request, send several at once, pause, open a watch, wait
+for its next change) and is resumed with their results. Preflight's probes are their own
+module (``adapter.preflight``); the core caches their result and decides when they run.
 
 A driver (``adapter.kube.Adapter`` on the kubernetes client, ``adapter.aio.AsyncAdapter``
 on aiohttp) only runs steps: it decides nothing and maps no error. So the deadline checks,
@@ -44,19 +29,15 @@ Invariants kept here (the spec's and issue 11's):
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import secrets
 import threading
 from collections import deque
-from collections.abc import Callable, Generator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import quote
-
-import msgspec
 
 from adapter import decisions, patches
 from adapter.decisions import Decision, Obj, Outcome
@@ -72,280 +53,48 @@ from adapter.errors import (
     Unreachable,
     Unsupported,
 )
-from adapter.types import CallMeta, Capability, Observation, PreflightResult, Ref
+from adapter.preflight import Preflight
+from adapter.steps import (
+    FIELD_MANAGER,
+    ApiStatusError,
+    BeforeRequest,
+    ConnectionLost,
+    DriverError,
+    Http,
+    NextChange,
+    NoAnswer,
+    NotConnected,
+    OpenWatch,
+    Operation,
+    Pause,
+    Request,
+    RequestHook,
+    Send,
+    SendAll,
+    WatchView,
+    api_message,
+    custom_path,
+    error_for,
+    no_request,
+)
+from adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
-    ADMISSIONCHECK,
-    BREAK_GLASS_GROUP,
-    CLUSTERQUEUE,
-    CLUSTERTRAININGRUNTIME,
-    JOB_UID_LABEL,
     JOBSET_NAME_LABEL,
-    LOCALQUEUE,
-    MULTIKUEUE_CONTROLLER,
-    TRAININGRUNTIME,
     TRAINJOB,
     WORKLOAD,
     Annotations,
     Mode,
     Resource,
-    RuleId,
     check_hold_instance,
 )
 
 MAX_RETRIES = 8
-# Every write is a merge PATCH (adapter/patches.py), so ``patch`` is the RBAC verb the
-# supervisor needs on the held resource (and on TrainJobs for Open); preflight asks for it.
-WRITE_VERB = "patch"
 CALL_BOUND_MARGIN = timedelta(seconds=5)
-FIELD_MANAGER = "holdwarden-adapter"
 START_POLL_INTERVAL_S = 0.1
-PROBE_RUNTIME_PLACEHOLDER = "holdwarden-preflight"
 
 Clock = Callable[[], datetime]
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request the adapter is about to send (what the request log and hook see)."""
-
-    verb: str  # get | list | create | update | dry-run-create | access-review | ...
-    resource: str  # trainjobs | workloads | pods | selfsubjectaccessreviews | ...
-    namespace: str
-    name: str = ""
-    timeout: float | None = None
-    """Seconds the request was allowed (set in the request log once it is sent)."""
-
-
-RequestHook = Callable[[Request], Any]
-"""Called with each ``Request`` before its deadline check. The asyncio adapter awaits what
-it returns when that is awaitable; the sync adapter ignores the return value."""
-
-
-# ---- steps: what an operation asks its driver to do ---------------------------------------
-
-
-@dataclass(frozen=True)
-class Http:
-    """One HTTP request to the API server, with a path relative to its host."""
-
-    method: str
-    path: str
-    query: tuple[tuple[str, str], ...] = ()
-    body: Obj | None = None
-    content_type: str = "application/json"
-    decode: bool = True
-    """False: the answer's body is not decoded (nothing reads it)."""
-
-
-@dataclass(frozen=True)
-class BeforeRequest:
-    req: Request
-
-
-@dataclass(frozen=True)
-class Send:
-    req: Request
-    http: Http
-    timeout: float
-    """Seconds the whole request may take (connect, send, answer)."""
-
-
-@dataclass(frozen=True)
-class Pause:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class SendAll:
-    """Send these requests at once (concurrently); resume with a tuple holding, for each
-    in order, its decoded answer or the ``DriverError`` it met (never thrown in)."""
-
-    sends: tuple[Send, ...]
-
-
-@dataclass(frozen=True)
-class OpenWatch:
-    req: Request
-    http: Http
-    timeout: float
-    """Seconds to connect, get the response headers and the first event (the object's
-    state now), all together (``WATCH_OPEN_S``)."""
-    lifetime: float
-    """Seconds the stream may stay open at most (the read timeout between its events)."""
-
-
-@dataclass(frozen=True)
-class NextChange:
-    watch: Any
-    """The handle ``OpenWatch`` resumed with."""
-    wait: float
-    """Seconds to wait at most for an event that arrives after this step began."""
-
-
-@dataclass(frozen=True)
-class WatchView:
-    """What a watch said so far: its newest event, and whether one came during the wait."""
-
-    fresh: bool
-    event_type: str | None
-    obj: Obj | None
-    ended: str | None
-    """Why the stream ended (None while it is open)."""
-
-
-WATCH_EVENT_MAX_BYTES = 4 * 1024 * 1024
-"""A longer line is not an event of one object: the feed ends instead of buffering it."""
-
-
-class WatchFeed:
-    """The bytes of one watch stream, parsed: how many object events came, and the newest.
-
-    Pure (no I/O, no lock): a driver feeds it what it reads, under its own lock or loop.
-    It keeps only the newest event's object, so its memory is bounded by one object and
-    ``WATCH_EVENT_MAX_BYTES`` of partial line, however long the stream runs.
-    """
-
-    def __init__(self) -> None:
-        self.events = 0
-        self.newest_type: str | None = None
-        self.newest: Obj | None = None
-        self.ended: str | None = None
-        self._partial = b""
-
-    def feed(self, data: bytes) -> int:
-        """Parse ``data`` (any split of the stream); returns the object events it held."""
-        if self.ended is not None:
-            return 0
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        parsed = 0
-        for line in lines:
-            if line.strip():
-                parsed += self._event(line)
-        if len(self._partial) > WATCH_EVENT_MAX_BYTES:
-            self.end(f"a watch event longer than {WATCH_EVENT_MAX_BYTES} bytes")
-        return parsed
-
-    def _event(self, line: bytes) -> int:
-        try:
-            event = msgspec.json.decode(line)
-        except msgspec.DecodeError:
-            self.end("the watch sent a line that is not JSON")
-            return 0
-        kind = event.get("type") if isinstance(event, dict) else None
-        obj = event.get("object") if isinstance(event, dict) else None
-        if kind == "ERROR":
-            message = obj.get("message") if isinstance(obj, dict) else None
-            self.end(f"the watch ended with an error: {message or obj!r}")
-            return 0
-        if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
-            self.events += 1
-            self.newest_type, self.newest = str(kind), obj
-            return 1
-        return 0  # BOOKMARK (not asked for) or an unknown type: no state in it
-
-    def end(self, reason: str) -> None:
-        if self.ended is None:
-            self.ended = reason
-
-    def view(self, fresh: bool) -> WatchView:
-        return WatchView(fresh, self.newest_type, self.newest, self.ended)
-
-
-Step = BeforeRequest | Send | SendAll | Pause | OpenWatch | NextChange
-Operation = Generator[Step, Any, T]
-
-
-class Stepper(Generic[T]):
-    """Runs one operation for a driver: ``next()`` gives the step to do (None once the
-    operation has returned: then ``result`` holds its value), ``reply``/``fail`` say how
-    the last ``Send`` went. An exception the operation raises comes out of ``next()``.
-
-    Used as a context manager, it closes the operation however the driver leaves it."""
-
-    def __init__(self, operation: Operation[T]) -> None:
-        self._operation = operation
-        self._reply: Any = None
-        self._failure: DriverError | None = None
-        self.result: T | None = None
-
-    def next(self) -> Step | None:
-        reply, failure = self._reply, self._failure
-        self._reply, self._failure = None, None
-        try:
-            if failure is not None:
-                return self._operation.throw(failure)
-            return self._operation.send(reply)
-        except StopIteration as done:
-            self.result = done.value
-            return None
-
-    def reply(self, value: Any) -> None:
-        self._reply = value
-
-    def fail(self, failure: DriverError) -> None:
-        self._failure = failure
-
-    def __enter__(self) -> Stepper[T]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._operation.close()
-
-
-# ---- what a driver throws into an operation -------------------------------------------------
-
-
-class DriverError(Exception):
-    """How one ``Send`` failed; a driver raises exactly one of the subclasses."""
-
-
-class ApiStatusError(DriverError):
-    """The API server answered with a non-2xx status. ``body`` is its text (a Status)."""
-
-    def __init__(self, status: int, reason: str, body: str) -> None:
-        super().__init__(f"HTTP {status} {reason}")
-        self.status = status
-        self.reason = reason
-        self.body = body
-
-
-class NotConnected(DriverError):
-    """No connection was made (refused, name unknown, connect timed out): not a byte of the
-    request reached the API server. The message says which, in words."""
-
-
-class NoAnswer(DriverError):
-    """The request was sent (or may have been) and no complete answer came in time."""
-
-
-class ConnectionLost(DriverError):
-    """The connection broke after the request was sent (reset, closed mid-answer)."""
-
-
-def api_message(exc: ApiStatusError) -> str:
-    """The API server's Status message, else the raw reason."""
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message or exc.reason or f"HTTP {exc.status}")
-
-
-def error_for(exc: ApiStatusError, what: str) -> AdapterError:
-    """Map an API error (other than a 409 the caller handles) to the adapter's classes."""
-    message = api_message(exc)
-    if exc.status == 404:
-        return NotFound(f"{what}: not found ({message})")
-    if exc.status == 403:
-        return Rejected(f"{what}: refused by the API server: {message}")
-    if exc.status in (400, 422):
-        return Invalid(f"{what}: the API server found the object invalid: {message}")
-    return AdapterError(f"{what}: API error {exc.status}: {message}")
-
 
 CONFLICT_BACKOFF_BASE_S = 0.002
 CONFLICT_BACKOFF_CAP_S = 0.025
@@ -383,21 +132,11 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _custom_path(resource: Resource, namespace: str | None, name: str = "") -> str:
-    """The path of a custom resource collection (cluster-scoped when ``namespace`` is None)
-    or, with ``name``, of one object."""
-    base = f"/apis/{resource.group}/{resource.version}"
-    if namespace is not None:
-        base += f"/namespaces/{quote(namespace, safe='')}"
-    base += f"/{resource.plural}"
-    return f"{base}/{quote(name, safe='')}" if name else base
-
-
 def _get_request(resource: Resource, namespace: str, name: str) -> tuple[Request, Http]:
     """The GET of one namespaced object, as the request log names it and as it is sent."""
     return (
         Request("get", resource.plural, namespace, name),
-        Http("GET", _custom_path(resource, namespace, name)),
+        Http("GET", custom_path(resource, namespace, name)),
     )
 
 
@@ -414,6 +153,14 @@ def _got(answer: Any, resource: Resource, namespace: str, name: str, what: str) 
         raise answer
     obj: Obj = answer
     return obj
+
+
+def _uid(obj: Obj) -> str:
+    """The uid of an object the API server sent (it always has one)."""
+    uid = objects.uid(obj)
+    if uid is None:
+        raise AdapterError(f"{objects.name(obj)}: the API server sent an object with no uid")
+    return uid
 
 
 def _live_workload_of(workload: Obj, uid: str) -> bool:
@@ -476,6 +223,7 @@ class AdapterCore:
         self._workloads: dict[Ref, tuple[str, str]] = {}
         self._preflights: dict[str, PreflightResult] = {}
         self._random = random.Random()  # the conflict backoff's draws
+        self._probes = Preflight(config, self.annotations, self._clock, self._send)
 
     # ---- public properties -----------------------------------------------------------
 
@@ -515,7 +263,7 @@ class AdapterCore:
         req = Request("create", TRAINJOB.plural, ref.namespace, ref.name)
         http = Http(
             "POST",
-            _custom_path(TRAINJOB, ref.namespace),
+            custom_path(TRAINJOB, ref.namespace),
             query=(("fieldManager", FIELD_MANAGER),),
             body=body,
         )
@@ -527,7 +275,7 @@ class AdapterCore:
             raise error_for(exc, f"start {ref}") from exc
         if self.mode == "plain":
             return ref
-        uid = str(created["metadata"]["uid"])
+        uid = _uid(created)
         timed_out = (
             f"start {ref}: the TrainJob was created but its Workload did not appear before the"
             " deadline (is Kueue running and the queue-name label right?)"
@@ -553,10 +301,11 @@ class AdapterCore:
             return self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
 
         def decide(trainjob: Obj) -> Operation[Decision]:
-            return decisions.decide_open(
-                trainjob, mode=self.mode, now=self._clock(), annotations=self.annotations
+            return no_request(
+                decisions.decide_open(
+                    trainjob, mode=self.mode, now=self._clock(), annotations=self.annotations
+                )
             )
-            yield  # a generator: nothing to ask
 
         yield from self._read_decide_write(TRAINJOB, read, decide, deadline, what)
 
@@ -571,22 +320,23 @@ class AdapterCore:
         conflicted: list[Obj] = []
 
         def decide(held: Obj) -> Operation[Decision]:
-            return decisions.decide_hold(
-                held,
-                mode=self.mode,
-                instance=instance,
-                reason=reason,
-                holder=self.config.holder,
-                now=self._clock(),
-                annotations=self.annotations,
-                last_seen_instance=(
-                    objects.hold_instance_text(conflicted[-1], self.annotations)
-                    if conflicted
-                    else None
-                ),
-                after_conflict=bool(conflicted),
+            return no_request(
+                decisions.decide_hold(
+                    held,
+                    mode=self.mode,
+                    instance=instance,
+                    reason=reason,
+                    holder=self.config.holder,
+                    now=self._clock(),
+                    annotations=self.annotations,
+                    last_seen_instance=(
+                        objects.hold_instance_text(conflicted[-1], self.annotations)
+                        if conflicted
+                        else None
+                    ),
+                    after_conflict=bool(conflicted),
+                )
             )
-            yield  # a generator: nothing to ask
 
         read = yield from self._held_reader(ref, deadline, what)
         yield from self._read_decide_write(
@@ -656,7 +406,7 @@ class AdapterCore:
             cached = self._preflights.get(namespace)
             if cached is not None:
                 return cached
-        result = yield from self._run_preflight(namespace, None)
+        result = yield from self._probes.run(namespace, None)
         self._preflights[namespace] = result
         return result
 
@@ -664,7 +414,7 @@ class AdapterCore:
 
     @property
     def _held_resource(self) -> Resource:
-        return WORKLOAD if self.mode == "kueue" else TRAINJOB
+        return self._probes.held_resource
 
     def _deadline(self, meta: CallMeta) -> datetime:
         deadline = getattr(meta, "deadline", None)
@@ -718,9 +468,9 @@ class AdapterCore:
         ran = result is None
         if result is None:
             if self.lazy_preflight == "access":
-                result = yield from self._run_access_preflight(namespace, deadline)
+                result = yield from self._probes.run_access(namespace, deadline)
             else:
-                result = yield from self._run_preflight(namespace, deadline)
+                result = yield from self._probes.run(namespace, deadline)
             self._preflights[namespace] = result
         if not result.hold_supported:
             raise Unsupported(result.hold_unsupported_reason or "unknown")
@@ -804,15 +554,10 @@ class AdapterCore:
         if view.ended is not None or obj is None or view.event_type == "DELETED":
             follow.unusable = True
             return None
-        was, now = conflicted.get("metadata") or {}, obj.get("metadata") or {}
-        if (
-            now.get("uid") != was.get("uid")
-            or now.get("ownerReferences") != was.get("ownerReferences")
-            or now.get("deletionTimestamp") is not None
-        ):
+        if not objects.same_identity(conflicted, obj) or objects.is_deleting(obj):
             follow.unusable = True
             return None
-        if now.get("resourceVersion") == was.get("resourceVersion"):
+        if objects.resource_version(obj) == objects.resource_version(conflicted):
             return None  # the watch has not seen the write that beat us yet
         obj.setdefault("apiVersion", resource.api_version)
         obj.setdefault("kind", resource.kind)
@@ -835,7 +580,7 @@ class AdapterCore:
         lifetime = min(math.ceil(remaining), WATCH_LIFETIME_CAP_S)
         http = Http(
             "GET",
-            _custom_path(resource, namespace),
+            custom_path(resource, namespace),
             query=(
                 ("watch", "true"),
                 ("fieldSelector", f"metadata.name={name}"),
@@ -902,8 +647,7 @@ class AdapterCore:
             trainjob, workload = yield from self._read_pair(ref, cached, deadline, what)
         if workload is None:
             self._workloads.pop(ref, None)
-            uid = str(trainjob["metadata"]["uid"])
-            workload = yield from self._discover_workload(ref, uid, deadline)
+            workload = yield from self._discover_workload(ref, _uid(trainjob), deadline)
         if workload is None:
             raise Rejected(f"{what}: the TrainJob has no Workload (not managed by Kueue yet?)")
         return workload
@@ -926,9 +670,7 @@ class AdapterCore:
         if isinstance(wl_answer, ApiStatusError) and wl_answer.status == 404:
             return trainjob, None
         workload = _got(wl_answer, WORKLOAD, namespace, cached[1], "")
-        if cached[0] != str(trainjob["metadata"]["uid"]) or not _live_workload_of(
-            workload, cached[0]
-        ):
+        if cached[0] != _uid(trainjob) or not _live_workload_of(workload, cached[0]):
             return trainjob, None
         return trainjob, workload
 
@@ -942,7 +684,7 @@ class AdapterCore:
         and is not being deleted; otherwise the cache entry is dropped and rediscovered.
         """
         cached = self._workloads.get(ref)
-        uid = str(trainjob["metadata"]["uid"]) if trainjob is not None else None
+        uid = _uid(trainjob) if trainjob is not None else None
         if cached is not None and (uid is None or cached[0] == uid):
             workload: Obj | None
             try:
@@ -954,7 +696,7 @@ class AdapterCore:
         self._workloads.pop(ref, None)
         if trainjob is None:
             trainjob = yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, f"{ref}")
-            uid = str(trainjob["metadata"]["uid"])
+            uid = _uid(trainjob)
         assert uid is not None
         return (yield from self._discover_workload(ref, uid, deadline))
 
@@ -965,8 +707,8 @@ class AdapterCore:
         req = Request("list", WORKLOAD.plural, ref.namespace)
         http = Http(
             "GET",
-            _custom_path(WORKLOAD, ref.namespace),
-            query=(("labelSelector", f"{JOB_UID_LABEL}={uid}"),),
+            custom_path(WORKLOAD, ref.namespace),
+            query=(("labelSelector", objects.job_uid_selector(uid)),),
         )
         try:
             listed = yield from self._send(req, deadline, http)
@@ -976,13 +718,13 @@ class AdapterCore:
         if not owned:
             return None
         if len(owned) > 1:
-            names = sorted(str(w["metadata"]["name"]) for w in owned)
+            names = sorted(str(objects.name(w)) for w in owned)
             raise Rejected(f"{ref} has several Workloads {names}; refusing to guess")
         workload: Obj = owned[0]
         # The list response's items carry no apiVersion/kind; a write's body needs them.
         workload.setdefault("apiVersion", WORKLOAD.api_version)
         workload.setdefault("kind", WORKLOAD.kind)
-        self._workloads[ref] = (uid, str(workload["metadata"]["name"]))
+        self._workloads[ref] = (uid, str(objects.name(workload)))
         return workload
 
     def _forget_workload(self, namespace: str, name: str) -> None:
@@ -1010,11 +752,10 @@ class AdapterCore:
             return [], f"could not list the pods of {ref}: {api_message(exc)}"
         pods: list[Obj] = []
         for pod in listed.get("items") or []:
-            metadata = pod.get("metadata") or {}
             pods.append(
                 {
-                    "name": metadata.get("name"),
-                    "deleting": metadata.get("deletionTimestamp") is not None,
+                    "name": objects.name(pod),
+                    "deleting": objects.is_deleting(pod),
                     "phase": (pod.get("status") or {}).get("phase"),
                 }
             )
@@ -1059,7 +800,7 @@ class AdapterCore:
         req = Request("update", resource.plural, meta["namespace"], meta["name"])
         http = Http(
             "PATCH",
-            _custom_path(resource, meta["namespace"], meta["name"]),
+            custom_path(resource, meta["namespace"], meta["name"]),
             query=(("fieldManager", FIELD_MANAGER),),
             body=patch,
             content_type="application/merge-patch+json",
@@ -1159,363 +900,3 @@ class AdapterCore:
             f" lost after the request was sent ({exc}); it may still land within"
             f" call_bound ({self.call_bound.total_seconds():g}s after the deadline)"
         )
-
-    # ---- preflight -------------------------------------------------------------------
-
-    def _run_preflight(
-        self, namespace: str, deadline: datetime | None
-    ) -> Operation[PreflightResult]:
-        runtime_ref = yield from self._probe_runtime_ref(namespace, deadline)
-        extra: dict[str, Capability] = {}
-        if self.mode == "kueue":
-            gate, multikueue = yield from self._probe_readmission_gate(namespace, deadline)
-            extra["readmissionGate"] = gate
-            extra["multiKueue"] = multikueue
-        extra["holdOwnership"] = yield from self._probe_ownership(deadline)
-        round_trip = yield from self._probe_round_trip(namespace, deadline, runtime_ref)
-        update_workloads = yield from self._probe_access(
-            namespace, WRITE_VERB, WORKLOAD.group, WORKLOAD.plural, deadline
-        )
-        update_trainjobs = yield from self._probe_access(
-            namespace, WRITE_VERB, TRAINJOB.group, TRAINJOB.plural, deadline
-        )
-        list_pods = yield from self._probe_access(namespace, "list", "", "pods", deadline)
-        enforcer = yield from self._probe_enforcer(namespace, deadline, runtime_ref)
-        return PreflightResult(
-            mode=self.mode,
-            namespace=namespace,
-            hold_round_trip=round_trip,
-            update_workloads=update_workloads,
-            update_trainjobs=update_trainjobs,
-            list_pods=list_pods,
-            enforcer_installed=enforcer,
-            extra=extra,
-        )
-
-    def _run_access_preflight(
-        self, namespace: str, deadline: datetime
-    ) -> Operation[PreflightResult]:
-        """The light check: SelfSubjectAccessReviews only, no dry-run create (so no create
-        right is needed). The round trip is not probed; it stands for the right to update
-        the held resource, which is what the Hold's own write needs: one review."""
-        not_probed = "not probed (access reviews only; run `holdwarden preflight`)"
-        resource = self._held_resource
-        held = yield from self._probe_access(
-            namespace, WRITE_VERB, resource.group, resource.plural, deadline
-        )
-        other = Capability(False, not_probed)
-        workloads, trainjobs = (held, other) if resource is WORKLOAD else (other, held)
-        return PreflightResult(
-            mode=self.mode,
-            namespace=namespace,
-            hold_round_trip=Capability(held.supported, f"{not_probed}; {held.reason}"),
-            update_workloads=workloads,
-            update_trainjobs=trainjobs,
-            list_pods=Capability(False, not_probed),
-            enforcer_installed=Capability(False, not_probed),
-        )
-
-    def _list(
-        self, resource: Resource, namespace: str | None, deadline: datetime | None, limit: int
-    ) -> Operation[list[Obj]]:
-        """LIST a custom resource (cluster-scoped when ``namespace`` is None)."""
-        req = Request("list", resource.plural, namespace or "")
-        http = Http("GET", _custom_path(resource, namespace), query=(("limit", str(limit)),))
-        answer = yield from self._send(req, deadline, http)
-        items: list[Obj] = answer.get("items") or []
-        return items
-
-    def _get_cluster(
-        self, resource: Resource, name: str, deadline: datetime | None
-    ) -> Operation[Obj]:
-        req = Request("get", resource.plural, "", name)
-        http = Http("GET", _custom_path(resource, None, name))
-        obj: Obj = yield from self._send(req, deadline, http)
-        return obj
-
-    def _probe_runtime_ref(self, namespace: str, deadline: datetime | None) -> Operation[Obj]:
-        """A ``spec.runtimeRef`` that Trainer's and Kueue's TrainJob webhooks accept.
-
-        Both resolve the runtime a TrainJob names and refuse a create naming one that does
-        not exist ("runtime not found"). Validating webhooks run in parallel and Kubernetes
-        does not say whose refusal is reported, so a probe naming a made-up runtime may be
-        refused by Trainer before the hold rules are even looked at. The probe therefore
-        names a runtime that exists: a TrainingRuntime of the namespace, else a
-        ClusterTrainingRuntime. With no Trainer installed (no such resources, or no right
-        to list them), a placeholder is named: then nothing resolves it either.
-        """
-        scopes: tuple[tuple[Resource, str | None], ...] = (
-            (TRAININGRUNTIME, namespace),
-            (CLUSTERTRAININGRUNTIME, None),
-        )
-        for resource, scope in scopes:
-            try:
-                items = yield from self._list(resource, scope, deadline, limit=1)
-            except ApiStatusError:
-                continue
-            if items:
-                name = (items[0].get("metadata") or {}).get("name")
-                if name:
-                    return {"name": name, "apiGroup": resource.group, "kind": resource.kind}
-        return {"name": PROBE_RUNTIME_PLACEHOLDER}
-
-    def _probe_readmission_gate(
-        self, namespace: str, deadline: datetime | None
-    ) -> Operation[tuple[Capability, Capability]]:
-        """Kueue mode: do the namespace's queues re-admit only through the readmission gate,
-        and is every queue that dispatches through MultiKueue gated? (readmissionGate,
-        multiKueue)
-
-        Without the gate, a Release lets Kueue re-admit while pods of the held execution
-        still terminate (two executions at once), and a job runs without any Open. With
-        MultiKueue and no gate, a Release lets MultiKueue dispatch the job again, maybe to
-        another worker, while the held execution may still run on the first: Kueue does
-        not wait for its pods, and only the gate counts them on the workers. Hold still
-        works, so both are reported, not made a condition of Hold (the spec fixes those).
-        """
-        controller = self.config.readmission.controller_name
-        try:
-            queues = yield from self._list(LOCALQUEUE, namespace, deadline, limit=100)
-        except ApiStatusError as exc:
-            why = f"could not list LocalQueues in {namespace}: {api_message(exc)}"
-            return Capability(False, why), Capability(False, why)
-        if not queues:
-            return (
-                Capability(
-                    False,
-                    f"no LocalQueue in {namespace}: no job here can be admitted by Kueue, and "
-                    f"none is gated by {controller}",
-                ),
-                Capability(True, f"no LocalQueue in {namespace} dispatches through MultiKueue"),
-            )
-        check_controllers: dict[str, object] = {}
-        ungated: list[str] = []
-        dispatching: list[tuple[str, bool]] = []
-        for queue in queues:
-            lq = (queue.get("metadata") or {}).get("name", "?")
-            cq = (queue.get("spec") or {}).get("clusterQueue", "")
-            try:
-                cluster_queue = yield from self._get_cluster(CLUSTERQUEUE, cq, deadline)
-                names = decisions.cluster_queue_admission_checks(cluster_queue)
-                for check in names:
-                    if check not in check_controllers:
-                        got = yield from self._get_cluster(ADMISSIONCHECK, check, deadline)
-                        check_controllers[check] = (got.get("spec") or {}).get("controllerName")
-            except ApiStatusError as exc:
-                why = (
-                    f"could not read ClusterQueue {cq!r} of LocalQueue {namespace}/{lq} or its "
-                    f"AdmissionChecks: {api_message(exc)}; grant get on clusterqueues and "
-                    "admissionchecks, or check the queue by hand"
-                )
-                return Capability(False, why), Capability(False, why)
-            gated = any(check_controllers.get(check) == controller for check in names)
-            where = f"LocalQueue {namespace}/{lq} (ClusterQueue {cq})"
-            if not gated:
-                ungated.append(where)
-            if any(check_controllers.get(c) == MULTIKUEUE_CONTROLLER for c in names):
-                dispatching.append((where, gated))
-        gate = Capability(
-            True, f"every LocalQueue in {namespace} re-admits only through {controller}"
-        )
-        if ungated:
-            gate = Capability(
-                False,
-                f"{', '.join(ungated)} lists no AdmissionCheck with controllerName {controller}: "
-                "a Release there lets Kueue re-admit while pods of the held execution remain, "
-                "and jobs run without Open; add the readmission AdmissionCheck to the "
-                "ClusterQueue's spec.admissionChecksStrategy (manifests/readmission)",
-            )
-        return gate, decisions.multikueue_capability(namespace, controller, dispatching)
-
-    def _probe_access(
-        self, namespace: str, verb: str, group: str, resource: str, deadline: datetime | None
-    ) -> Operation[Capability]:
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SelfSubjectAccessReview",
-            "spec": {
-                "resourceAttributes": {
-                    "namespace": namespace,
-                    "verb": verb,
-                    "group": group,
-                    "resource": resource,
-                }
-            },
-        }
-        what = f"{verb} {resource}{'.' + group if group else ''} in {namespace}"
-        req = Request("access-review", "selfsubjectaccessreviews", namespace, what)
-        http = Http("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review)
-        try:
-            answer = yield from self._send(req, deadline, http)
-        except ApiStatusError as exc:
-            return Capability(False, f"could not ask whether we may {what}: {api_message(exc)}")
-        status = answer.get("status") or {}
-        if status.get("allowed"):
-            return Capability(True, f"may {what}")
-        why = str(status.get("reason") or status.get("evaluationError") or "")
-        return Capability(False, f"may not {what}" + (f": {why}" if why else " (RBAC)"))
-
-    def _probe_ownership(self, deadline: datetime | None) -> Operation[Capability]:
-        """Is hold-owner-only in force for this configuration, and is this adapter a holder?
-
-        Read from ``webhook.holderIdentities`` (the enforcer reads the same file) and the
-        identity the apiserver authenticates us as (SelfSubjectReview). No write can show
-        it: a holder's writes pass the rule, which is the point of it (docs/policy.md).
-        """
-        holders = self.config.webhook.holder_identities
-        if not holders:
-            return Capability(
-                False,
-                "hold-owner-only is off (webhook.holderIdentities is empty): anyone who may "
-                "update the held object can lift a hold",
-            )
-        req = Request("self-subject-review", "selfsubjectreviews", "")
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-        http = Http("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=body)
-        try:
-            review = yield from self._send(req, deadline, http)
-            info = review["status"]["userInfo"]
-            user, groups = str(info.get("username") or ""), list(info.get("groups") or [])
-        except (ApiStatusError, KeyError, TypeError, AttributeError) as exc:
-            return Capability(False, f"hold-owner-only is configured, but who we are is "
-                              f"unknown (SelfSubjectReview failed: {exc})")  # fmt: skip
-        if user in holders or any(g in holders or g == BREAK_GLASS_GROUP for g in groups):
-            return Capability(True, f"hold-owner-only is configured for {list(holders)}, and "
-                              f"this adapter ({user}) is a holder")  # fmt: skip
-        return Capability(
-            False,
-            f"hold-owner-only is configured for {list(holders)}, but this adapter runs as "
-            f"{user}: the enforcer will refuse its Hold and Release",
-        )
-
-    def _preflight_name(self) -> str:
-        return f"holdwarden-preflight-{secrets.token_hex(4)}"
-
-    def _held_probe_body(self, namespace: str, runtime_ref: Obj) -> tuple[Resource, Obj]:
-        ann = self.annotations
-        annotations = {
-            ann.hold_instance: "1",
-            ann.hold_reason: "preflight hold round trip",
-            ann.held_at: objects.format_time(self._clock()),
-            ann.held_by: self.config.holder,
-        }
-        meta = {"name": self._preflight_name(), "namespace": namespace, "annotations": annotations}
-        if self.mode == "kueue":
-            return WORKLOAD, {
-                "apiVersion": WORKLOAD.api_version,
-                "kind": WORKLOAD.kind,
-                "metadata": meta,
-                "spec": {
-                    "active": False,
-                    "podSets": [
-                        {
-                            "name": "main",
-                            "count": 1,
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "probe", "image": "busybox"}],
-                                }
-                            },
-                        }
-                    ],
-                },
-            }
-        return TRAINJOB, {
-            "apiVersion": TRAINJOB.api_version,
-            "kind": TRAINJOB.kind,
-            "metadata": meta,
-            "spec": {"runtimeRef": dict(runtime_ref), "suspend": True},
-        }
-
-    @staticmethod
-    def _dry_run_create(resource: Resource, namespace: str, body: Obj) -> Http:
-        return Http(
-            "POST",
-            _custom_path(resource, namespace),
-            query=(("dryRun", "All"), ("fieldManager", FIELD_MANAGER)),
-            body=body,
-        )
-
-    def _probe_round_trip(
-        self, namespace: str, deadline: datetime | None, runtime_ref: Obj
-    ) -> Operation[Capability]:
-        """Server-side dry-run create of a correctly held object; the echo must keep it."""
-        resource, body = self._held_probe_body(namespace, runtime_ref)
-        req = Request("dry-run-create", resource.plural, namespace, body["metadata"]["name"])
-        try:
-            echo = yield from self._send(
-                req, deadline, self._dry_run_create(resource, namespace, body)
-            )
-        except ApiStatusError as exc:
-            return Capability(
-                False,
-                f"dry-run create of a held {resource.kind} failed: {api_message(exc)}"
-                + _not_ours_hint(exc),
-            )
-        want = objects.annotations_of(body)
-        got = objects.annotations_of(echo)
-        lost = sorted(k for k, v in want.items() if got.get(k) != v)
-        if lost:
-            return Capability(False, f"the API server dropped or changed annotations {lost}")
-        if not objects.hold_field_set(echo, self.mode):
-            field = "spec.active=false" if self.mode == "kueue" else "spec.suspend=true"
-            return Capability(
-                False, f"the API server did not keep {field} on a held {resource.kind}"
-            )
-        return Capability(True, f"a held {resource.kind} round-trips (server-side dry run)")
-
-    def _probe_enforcer(
-        self, namespace: str, deadline: datetime | None, runtime_ref: Obj
-    ) -> Operation[Capability]:
-        """Dry-run create of the held object carrying a hold instance without its hold
-        field: the enforcer must refuse it, by held-workload-inactive in Kueue mode (a
-        Workload, active) or held-trainjob-suspended in plain mode (a TrainJob, unsuspended).
-
-        The probe is the mode's own held kind, built to pass every other admission check
-        (a valid Workload; a TrainJob naming a runtime that exists), so that a refusal by
-        another webhook is unlikely and, when it happens, is reported as such.
-        """
-        resource, body = self._held_probe_body(namespace, runtime_ref)
-        body["metadata"]["annotations"] = {self.annotations.hold_instance: "1"}
-        if resource is WORKLOAD:
-            body["spec"]["active"] = True
-            rule = RuleId.HELD_WORKLOAD_INACTIVE.value
-        else:
-            body["spec"]["suspend"] = False
-            rule = RuleId.HELD_TRAINJOB_SUSPENDED.value
-        name = body["metadata"]["name"]
-        req = Request("dry-run-create", resource.plural, namespace, name)
-        try:
-            yield from self._send(req, deadline, self._dry_run_create(resource, namespace, body))
-        except ApiStatusError as exc:
-            message = api_message(exc)
-            if rule in message or rule in (exc.body or ""):
-                return Capability(True, f"the enforcer refused a hold-breaking write ({rule})")
-            return Capability(
-                False,
-                "inconclusive: a hold-breaking dry-run write was refused, but not by the "
-                f"enforcer: {message}" + _not_ours_hint(exc),
-            )
-        return Capability(
-            False,
-            f"a {resource.kind} carrying a hold instance without its hold field was accepted: "
-            "no enforcer is installed",
-        )
-
-
-def _not_ours_hint(exc: ApiStatusError) -> str:
-    """A hint when a probe was refused by some other admission plugin, not a hold rule.
-
-    Validating webhooks run in parallel; when several refuse, which one's message comes back
-    is not defined. Naming that case tells the operator the probe says nothing about holds.
-    """
-    text = f"{api_message(exc)} {exc.body or ''}"
-    if any(rule.value in text for rule in RuleId) or exc.status not in (400, 403, 422):
-        return ""
-    if "denied" in text:
-        return (
-            " (refused by another admission check, not by a hold rule: the probe could not "
-            "reach the hold check; see that check's message above)"
-        )
-    return ""

@@ -30,16 +30,12 @@ import msgspec
 import urllib3
 from kubernetes import client as k8s
 
-from adapter.core import (
-    CALL_BOUND_MARGIN,
+from adapter.core import CALL_BOUND_MARGIN, MAX_RETRIES, START_POLL_INTERVAL_S, AdapterCore, Clock
+from adapter.steps import (
     FIELD_MANAGER,
-    MAX_RETRIES,
-    START_POLL_INTERVAL_S,
     WRITE_VERB,
-    AdapterCore,
     ApiStatusError,
     BeforeRequest,
-    Clock,
     ConnectionLost,
     DriverError,
     NextChange,

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from adapter.aio import AsyncAdapter
-from adapter.core import Request
+from adapter.steps import Request
 
 CALL_TIMEOUT_S = 180.0
 """No adapter call in the tests may take longer (each is bounded by its deadline anyway)."""

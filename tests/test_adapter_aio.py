@@ -18,9 +18,9 @@ import pytest
 from kubernetes import client as k8s
 
 from adapter import AsyncAdapter, Config, Ref, State
-from adapter.core import Request, Send
 from adapter.errors import AdapterError, Conflict, Rejected, StaleHold, Unreachable
 from adapter.kube import FIELD_MANAGER
+from adapter.steps import Request, Send
 from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from tests.test_adapter_kube import HOLDER, Cluster, hold_annotations, meta

@@ -22,6 +22,17 @@ from adapter.core import (
     CONFLICT_BACKOFF_CAP_S,
     MAX_RETRIES,
     AdapterCore,
+    conflict_backoff,
+)
+from adapter.errors import (
+    AdapterError,
+    Conflict,
+    DeadlinePassed,
+    NotFound,
+    Rejected,
+    Unreachable,
+)
+from adapter.steps import (
     ApiStatusError,
     BeforeRequest,
     ConnectionLost,
@@ -37,15 +48,6 @@ from adapter.core import (
     Stepper,
     WatchFeed,
     WatchView,
-    conflict_backoff,
-)
-from adapter.errors import (
-    AdapterError,
-    Conflict,
-    DeadlinePassed,
-    NotFound,
-    Rejected,
-    Unreachable,
 )
 from adapter.types import CallMeta, Capability, PreflightResult, Ref
 from holdwarden.config import Config

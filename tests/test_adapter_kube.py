@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref, State
-from adapter.core import WATCH_OPEN_S, Send
+from adapter.core import WATCH_OPEN_S
 from adapter.errors import (
     Conflict,
     Invalid,
@@ -33,6 +33,7 @@ from adapter.errors import (
     Unsupported,
 )
 from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
+from adapter.steps import Send
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
