@@ -99,10 +99,7 @@ def _owner_index(workload: Obj) -> list[str]:
 
 def _check_index(workload: Obj) -> list[str]:
     """A Workload is found under each AdmissionCheck name its status lists."""
-    checks = objects.section(workload, "status").get("admissionChecks")
-    if not isinstance(checks, list):
-        return []
-    return [c["name"] for c in checks if objects.is_map(c) and isinstance(c.get("name"), str)]
+    return objects.admission_check_names(workload)
 
 
 def _pod_job(pod: Obj) -> str | None:
@@ -125,7 +122,7 @@ def _slim_pod(pod: Obj) -> Obj:
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
+            "uid": objects.uid(pod),
             "resourceVersion": meta.get("resourceVersion"),
             "labels": {JOBSET_NAME_LABEL: job} if isinstance(job, str) else {},
         }
@@ -456,7 +453,7 @@ class ReadmissionGate:
         check = self.checks.get(name)
         if check is None or not self._our(check):
             return "nothing"
-        generation = objects.section(check, "metadata").get("generation")
+        generation = objects.generation(check)
         current = objects.condition(check, "Active")
         if (
             current is not None
@@ -601,7 +598,7 @@ class ReadmissionGate:
         if owner is None:
             return None
         found = self.trainjobs.get(f"{workload['metadata']['namespace']}/{owner.name}")
-        if found is None or found["metadata"].get("uid") != owner.uid:
+        if found is None or objects.uid(found) != owner.uid:
             return None  # absent, or a new TrainJob of the same name: not this Workload's
         return found
 
@@ -628,7 +625,7 @@ class ReadmissionGate:
             if exc.status == 404:
                 return None
             raise
-        if found["metadata"]["uid"] != owner.uid:
+        if objects.uid(found) != owner.uid:
             return None
         trainjob: Obj = found
         return trainjob

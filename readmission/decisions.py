@@ -20,7 +20,6 @@ check's message remembers what was granted, and raising to N is idempotent.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,8 +46,8 @@ def _observed(workload: Obj) -> str:
     Kueue's ``admissionChecks[]`` entry has no observedGeneration field (the CRD prunes
     unknown fields), so the gate says it in the one field it may write, the message.
     """
-    generation = objects.section(workload, "metadata").get("generation")
-    return f" (observedGeneration {generation})" if type(generation) is int else ""
+    generation = objects.generation(workload)
+    return f" (observedGeneration {generation})" if generation is not None else ""
 
 
 class GateAction(StrEnum):
@@ -70,14 +69,6 @@ class GateDecision:
     """The whole Workload to write to its status subresource (KEEP_PENDING, MARK_READY)."""
     trainjob: dict[str, Any] | None = None
     """The whole TrainJob to write (RAISE_ATTEMPT)."""
-
-
-def _check(workload: Obj, check_names: frozenset[str]) -> tuple[int, Mapping[str, Any]] | None:
-    checks = (workload.get("status") or {}).get("admissionChecks") or []
-    for index, check in enumerate(checks):
-        if isinstance(check, Mapping) and check.get("name") in check_names:
-            return index, check
-    return None
 
 
 @dataclass(frozen=True)
@@ -189,7 +180,7 @@ def decide_readmission(
     to the attempt a Ready check of ours granted, never lowers it and never raises it twice
     for one grant; checks not listed in ``check_names`` are never touched.
     """
-    found = _check(workload, check_names)
+    found = objects.admission_check(workload, check_names)
     if found is None:
         return GateDecision(GateAction.NOTHING, "no admission check of ours on this Workload")
     index, check = found
@@ -201,8 +192,7 @@ def decide_readmission(
         recorded = objects.attempt(trainjob, annotations)
         if recorded is None or recorded >= granted:
             return GateDecision(GateAction.NOTHING, f"attempt {granted} already recorded")
-        raised = copy.deepcopy(dict(trainjob))
-        raised["metadata"].setdefault("annotations", {})[annotations.attempt] = str(granted)
+        raised = objects.annotated(trainjob, objects.attempt_annotation(annotations, granted))
         return GateDecision(
             GateAction.RAISE_ATTEMPT, f"record attempt {granted} on the TrainJob", trainjob=raised
         )
@@ -210,17 +200,18 @@ def decide_readmission(
         # Retry and Rejected belong to Kueue's own bookkeeping.
         return GateDecision(GateAction.NOTHING, f"check state {state!r} is not ours to change")
     waiting = why_waiting(workload, trainjob, pods_remaining, annotations, workers)
-    updated = copy.deepcopy(dict(workload))
-    entry = updated["status"]["admissionChecks"][index]
     if waiting is not None:
         message = f"holdwarden: waiting: {waiting}{_observed(workload)}"
         if check.get("message") == message:
             return GateDecision(GateAction.NOTHING, waiting)
-        entry["message"] = message
-        return GateDecision(GateAction.KEEP_PENDING, waiting, workload=updated)
+        pending = objects.with_admission_check(workload, index, {"message": message})
+        return GateDecision(GateAction.KEEP_PENDING, waiting, workload=pending)
     assert trainjob is not None  # why_waiting returns a reason when it is None
-    attempt = (objects.attempt(trainjob, annotations) or 0) + 1  # why_waiting: not garbled
-    entry["state"] = "Ready"
-    entry["message"] = f"holdwarden: attempt {attempt} admitted{_observed(workload)}"
-    entry["lastTransitionTime"] = objects.format_time(now)
+    attempt = objects.next_attempt(trainjob, annotations) or 1  # why_waiting: not garbled
+    ready = {
+        "state": "Ready",
+        "message": f"holdwarden: attempt {attempt} admitted{_observed(workload)}",
+        "lastTransitionTime": objects.format_time(now),
+    }
+    updated = objects.with_admission_check(workload, index, ready)
     return GateDecision(GateAction.MARK_READY, f"admit attempt {attempt}", workload=updated)
