@@ -107,6 +107,38 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     inject.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
     inject.set_defaults(handler=_guard(_inject))
 
+    enforce = sub.add_parser(
+        "enforce",
+        help="verify the enforcer answers, then set the webhook's failurePolicy",
+        description="Verify through the API server that the enforcer refuses a "
+        "hold-breaking dry-run write (the preflight probe), then set the failurePolicy the "
+        "annotation holdwarden.io/failure-policy asks for (Fail by default) on every webhook "
+        "of the configuration. What the self-managed enforcer does by itself; for provided "
+        "and cert-manager certificates (docs/install.md).",
+    )
+    enforce.add_argument(
+        "--webhook-config",
+        default=DEFAULT_WEBHOOK_CONFIG,
+        metavar="NAME",
+        help=f"ValidatingWebhookConfiguration name (default {DEFAULT_WEBHOOK_CONFIG})",
+    )
+    enforce.add_argument(
+        "--config",
+        metavar="FILE",
+        help="holdwarden configuration (mode, annotationPrefix, "
+        "webhook.certificates.probeNamespace); default: the built-in defaults",
+    )
+    enforce.add_argument(
+        "--wait",
+        type=_validity_arg,
+        default=timedelta(0),
+        metavar="DURATION",
+        help="keep trying this long (e.g. 300s) while the enforcer is not verified",
+    )
+    enforce.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (as for inject)")
+    enforce.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
+    enforce.set_defaults(handler=_guard(_enforce))
+
     rotate = sub.add_parser(
         "rotate",
         help="new CA (old ones kept in the bundle) and a serving certificate from it",
@@ -276,6 +308,47 @@ def _inject(args: argparse.Namespace) -> int:
         f"with {len(certs)} CA certificate(s)"
     )
     return 0
+
+
+def _enforce(args: argparse.Namespace) -> int:
+    import time
+
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    from certs.enforcing import reconcile
+    from holdwarden import kubeclient
+    from holdwarden.config import Config
+
+    config = Config.from_file(args.config) if args.config else Config()
+    try:
+        api_client = kubeclient.api_client(args.kubeconfig, args.context)
+    except (ConfigException, OSError) as exc:
+        _error(args, f"no usable Kubernetes configuration: {exc}")
+        return 2
+    deadline = time.monotonic() + args.wait.total_seconds()
+    with api_client:
+        admission = k8s.AdmissionregistrationV1Api(api_client)
+        while True:
+            try:
+                configuration = admission.read_validating_webhook_configuration(
+                    args.webhook_config, _request_timeout=30
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    _error(args, f"ValidatingWebhookConfiguration {args.webhook_config} not found")
+                    return 2
+                _error(args, f"API request failed: {exc.status} {exc.reason}")
+                return 1
+            verdict = reconcile(config, api_client, configuration, 30.0)
+            done = verdict.changed or all(p == verdict.wanted for p in verdict.current)
+            print(f"ValidatingWebhookConfiguration {args.webhook_config}: {verdict.reason}")
+            if done:
+                return 0
+            if time.monotonic() >= deadline:
+                return 1
+            time.sleep(5)
 
 
 def _rotate(args: argparse.Namespace) -> int:

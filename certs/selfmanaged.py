@@ -45,7 +45,7 @@ from cryptography.exceptions import InvalidSignature
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs import plan
+from certs import enforcing, plan
 from certs.bundle import (
     CA_BUNDLE,
     CA_KEY,
@@ -189,6 +189,7 @@ class SelfManagedTLS:
         identity: str | None = None,
         timing: ElectionTiming | None = None,
     ) -> None:
+        self.config = config
         self.settings = config.webhook.certificates
         self.namespace = self.settings.namespace or pod_namespace()
         self.where = f"Secret {self.namespace}/{self.settings.secret_name}"
@@ -226,6 +227,9 @@ class SelfManagedTLS:
         self.writes: dict[str, int] = {}
         self.last_error: str | None = None
         self.synced = False
+        self._configuration: Any = None
+        # The leader's last word on the webhook's failurePolicy (certs/enforcing.py).
+        self.failure_policy: str | None = None
 
     # -- TLSSource ----------------------------------------------------------------------
 
@@ -304,7 +308,8 @@ class SelfManagedTLS:
                 )
                 self._do(step.action, certs)
                 self.writes[step.action.value] = self.writes.get(step.action.value, 0) + 1
-        except (SecretError, InjectError) as exc:
+            self._reconcile_failure_policy(certs, injected)
+        except (SecretError, InjectError, ValueError) as exc:
             self._fail(str(exc))
             return Snapshot(certs, injected, str(exc))
         except ApiException as exc:
@@ -316,6 +321,37 @@ class SelfManagedTLS:
             self._fail(message)
             return Snapshot(certs, injected, message)
         return Snapshot(certs, injected, None)
+
+    def _reconcile_failure_policy(
+        self, certs: CertSet | None, injected: tuple[x509.Certificate, ...] | None
+    ) -> None:
+        """The leader, once the Secret's bundle is the injected one, sets the failurePolicy
+        the configuration asks for, ``Fail`` only after verifying the enforcer answers
+        (certs/enforcing.py). Checked every interval: a re-apply that reset it is undone."""
+        if certs is None or not injected or self._configuration is None:
+            return
+        if not self.elector.is_leader():
+            return
+        if {fingerprint(c) for c in injected} != {fingerprint(c) for c in certs.bundle}:
+            return  # the bundle is not injected yet (or is being rotated): next interval
+        verdict = enforcing.reconcile(
+            self.config, self.api, self._configuration, self.request_timeout
+        )
+        if verdict.changed:
+            self.writes["failure-policy"] = self.writes.get("failure-policy", 0) + 1
+        if verdict.changed or verdict.reason != self.failure_policy:
+            log.info(
+                "self-managed certificates: %s",
+                verdict.reason,
+                extra={
+                    "fields": {
+                        "webhookConfiguration": self.settings.webhook_configuration,
+                        "wanted": verdict.wanted,
+                        "was": ",".join(verdict.current),
+                    }
+                },
+            )
+        self.failure_policy = verdict.reason
 
     def _fail(self, message: str) -> None:
         self.errors += 1
@@ -345,9 +381,11 @@ class SelfManagedTLS:
             )
         except ApiException as exc:
             if exc.status == 404:
+                self._configuration = None
                 self._note_injected(None)
                 return None
             raise
+        self._configuration = config
         bundles = {(w.client_config.ca_bundle or "") for w in config.webhooks or []}
         certs: tuple[x509.Certificate, ...] = ()
         if len(bundles) == 1:

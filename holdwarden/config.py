@@ -79,6 +79,10 @@ class CertificatesConfig:
     interval: timedelta = timedelta(seconds=10)
     propagation_delay: timedelta = timedelta(seconds=10)
     lease_name: str = "holdwarden-certificates"
+    # Where the leader's verification probe goes (a server-side dry-run write the enforcer
+    # must refuse) before it sets the webhook's failurePolicy: a namespace the webhook
+    # judges (not kube-system, not the enforcer's own). certs/enforcing.py.
+    probe_namespace: str = "default"
 
 
 AUDIT_SINKS = ("file", "stdout", "events")
@@ -364,6 +368,7 @@ def _certificates(section: _Section) -> CertificatesConfig:
         ("webhookConfiguration", d.webhook_configuration),
         ("service", d.service),
         ("leaseName", d.lease_name),
+        ("probeNamespace", d.probe_namespace),
     ):
         names[key] = section.pop_str(key, default)
         if not names[key]:
@@ -389,8 +394,9 @@ def _certificates(section: _Section) -> CertificatesConfig:
             spans[longer] == spans[shorter] and longer != "caRenewBefore"
         ):
             raise ConfigError(section._key(shorter), f"must be shorter than {section._key(longer)}")
-    if _DNS_LABEL_RE.fullmatch(names["service"]) is None:
-        raise ConfigError(section._key("service"), f"{names['service']!r} is not a DNS label")
+    for key in ("service", "probeNamespace"):
+        if _DNS_LABEL_RE.fullmatch(names[key]) is None:
+            raise ConfigError(section._key(key), f"{names[key]!r} is not a DNS label")
     dns_names = section.pop_str_list("dnsNames", [])
     for name in dns_names:
         if len(name) > 253 or not all(_DNS_LABEL_RE.fullmatch(p) for p in name.split(".")):
@@ -416,6 +422,7 @@ def _certificates(section: _Section) -> CertificatesConfig:
         interval=spans["interval"],
         propagation_delay=delay,
         lease_name=names["leaseName"],
+        probe_namespace=names["probeNamespace"],
     )
     section.finish()
     return result

@@ -15,10 +15,15 @@ WEBHOOK_MANIFEST = Path(__file__).resolve().parent.parent / "manifests" / "webho
 
 
 def shipped_webhook() -> dict[str, Any]:
-    """The one webhook of the shipped ValidatingWebhookConfiguration (a fresh copy)."""
+    """The one webhook of the shipped ValidatingWebhookConfiguration (a fresh copy), as it
+    is once installed and verified: the manifest ships ``failurePolicy: Ignore`` and the
+    self-managed leader sets the annotation's policy (certs/enforcing.py), so the
+    copy carries that one (``Fail``)."""
     document = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
     (hook,) = document["webhooks"]
-    return copy.deepcopy(dict(hook))
+    assert hook["failurePolicy"] == "Ignore", "shipped Ignore until verified"
+    wanted = document["metadata"]["annotations"]["holdwarden.io/failure-policy"]
+    return copy.deepcopy(dict(hook, failurePolicy=wanted))
 
 
 def shipped_rules(api_versions: str = "*") -> list[dict[str, Any]]:

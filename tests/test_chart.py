@@ -3,14 +3,17 @@ chart offers (``helm template`` with the Helm built by ``make binaries``, agains
 kustomize v5.5.0, tests/kustomize.py). The kustomize objects are the ones the real
 apiserver accepts strictly (tests/test_manifests_render.py), so equal objects are too.
 
-Two differences are by design: the chart does not create the Namespace (Helm installs into
-an existing one: create it with its Pod Security labels first), and the ConfigMap's
+Three differences are by design: the chart does not create the Namespace (Helm installs into
+an existing one, or ``--create-namespace``: label it for Pod Security), the ConfigMap's
 config.yaml is compared as the configuration it loads to (the chart writes it from
-values, without the manifest's comments).
+values, without the manifest's comments), and the chart's ``helm test`` Pod (a hook) has
+no kustomize twin. The values schema (values.schema.json) is checked with the real Helm:
+a bad value is refused with a message naming the field.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,26 +26,53 @@ from holdwarden.config import Config
 from holdwarden.localcluster.binaries import BinariesUnavailable
 from tests.kustomize import render
 from tests.tool_binaries import ensure_helm
+from webhook import selftest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "holdwarden"
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "holdwarden-system"
 
-# Variant -> (helm --set values, kustomize components).
+PROVIDED = "certificates.mode=provided"
+CERT_MANAGER = "certificates.mode=cert-manager"
+# Variant -> (helm --set values, kustomize components). The certificate modes: the chart's
+# certificates.mode self-managed (the default) is the base, provided is the component
+# manifests/provided, cert-manager is manifests/cert-manager. The sidecar's enforcer serves
+# a mounted Secret, so it goes with provided (or cert-manager) certificates.
 VARIANTS: dict[str, tuple[list[str], list[Path]]] = {
     "base": ([], []),
+    "provided": ([PROVIDED], [MANIFESTS / "provided"]),
+    "cert-manager": ([CERT_MANAGER], [MANIFESTS / "cert-manager"]),
     "monitoring": (["monitoring.enabled=true"], [MANIFESTS / "monitoring"]),
     "readmission": (["readmission.enabled=true"], [MANIFESTS / "readmission"]),
-    "sidecar": (["sidecar.enabled=true"], [MANIFESTS / "sidecar"]),
+    "readmission-provided": (
+        ["readmission.enabled=true", PROVIDED],
+        [MANIFESTS / "readmission", MANIFESTS / "provided"],
+    ),
+    "sidecar": (
+        ["sidecar.enabled=true", PROVIDED],
+        [MANIFESTS / "sidecar", MANIFESTS / "provided"],
+    ),
+    "sidecar-cert-manager": (
+        ["sidecar.enabled=true", CERT_MANAGER],
+        [MANIFESTS / "sidecar", MANIFESTS / "cert-manager"],
+    ),
     "audit-events": (["auditEvents.enabled=true"], [MANIFESTS / "audit-events"]),
+    "audit-events-cert-manager": (
+        ["auditEvents.enabled=true", CERT_MANAGER],
+        [MANIFESTS / "audit-events", MANIFESTS / "cert-manager"],
+    ),
     "sidecar-monitoring": (
-        ["sidecar.enabled=true", "monitoring.enabled=true"],
-        [MANIFESTS / "sidecar", MANIFESTS / "monitoring"],
+        ["sidecar.enabled=true", "monitoring.enabled=true", PROVIDED],
+        [MANIFESTS / "sidecar", MANIFESTS / "monitoring", MANIFESTS / "provided"],
     ),
     "defence-in-depth": (
         ["policy.enabled=true", "failurePolicy=Ignore"],
         [MANIFESTS / "defence-in-depth"],
+    ),
+    "defence-in-depth-cert-manager": (
+        ["policy.enabled=true", "failurePolicy=Ignore", CERT_MANAGER],
+        [MANIFESTS / "defence-in-depth", MANIFESTS / "cert-manager"],
     ),
     "both": (
         ["monitoring.enabled=true", "readmission.enabled=true"],
@@ -59,8 +89,8 @@ def helm() -> Path:
         pytest.fail(f"helm is needed (make binaries builds it): {exc}")
 
 
-def helm_template(helm: Path, values: list[str], tmp: Path) -> list[dict[str, Any]]:
-    """``helm template`` offline, with Helm's own state kept in ``tmp``."""
+def helm_run(helm: Path, args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    """``helm ARGS`` offline, with Helm's own state kept in ``tmp``."""
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(tmp),
@@ -68,13 +98,23 @@ def helm_template(helm: Path, values: list[str], tmp: Path) -> list[dict[str, An
         "HELM_CONFIG_HOME": str(tmp / "config"),
         "HELM_DATA_HOME": str(tmp / "data"),
     }
-    command = [str(helm), "template", "holdwarden", str(CHART), "--namespace", NAMESPACE,
+    return subprocess.run([str(helm), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def helm_template(
+    helm: Path, values: list[str], tmp: Path, *, hooks: bool = False
+) -> list[dict[str, Any]]:
+    """``helm template`` offline; the objects, without hooks unless ``hooks``."""
+    command = ["template", "holdwarden", str(CHART), "--namespace", NAMESPACE,
                "--kube-version", "1.36.3"]  # fmt: skip
     for value in values:
         command += ["--set", value]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    result = helm_run(helm, command, tmp)
     assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+    objs = [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+    if hooks:
+        return objs
+    return [o for o in objs if "helm.sh/hook" not in o["metadata"].get("annotations", {})]
 
 
 def _normalized(objs: list[dict[str, Any]]) -> dict[tuple[str, str, str], Any]:
@@ -113,3 +153,115 @@ def test_chart_values_are_documented_and_versioned() -> None:
     Config.from_dict(values["config"])
     for optional in ("readmission", "monitoring", "sidecar", "auditEvents"):
         assert values[optional]["enabled"] is False, optional
+    assert values["certificates"] == {"mode": "self-managed"}
+    assert values["failurePolicy"] == "Fail"
+
+
+# (--set value, what Helm's message must name): the schema refuses each.
+BAD_VALUES = [
+    ("certificates.mode=selfmanaged", "/certificates/mode"),
+    ("certificates.mode=", "/certificates/mode"),
+    ("failurePolicy=Never", "/failurePolicy"),
+    ("replicaCount=0", "/replicaCount"),
+    ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ("readmission.interval=soon", "/readmission/interval"),
+    ("monitoring.enabled=yes", "/monitoring/enabled"),
+    ("certificates.issuer=x", "issuer"),
+    ("replicas=3", "replicas"),
+]
+
+
+@pytest.mark.parametrize(("value", "field"), BAD_VALUES)
+def test_the_values_schema_refuses_bad_values_naming_the_field(
+    helm: Path, tmp_path: Path, value: str, field: str
+) -> None:
+    for verb in (["lint", str(CHART)], ["template", "holdwarden", str(CHART)]):
+        result = helm_run(helm, [*verb, "--kube-version", "1.36.3", "--set", value], tmp_path)
+        assert result.returncode != 0, (verb, value, result.stdout[-500:])
+        text = result.stdout + result.stderr
+        assert field in text, (verb, value, text[-800:])
+
+
+def test_the_values_schema_accepts_every_documented_mode(helm: Path, tmp_path: Path) -> None:
+    for mode in ("self-managed", "cert-manager", "provided"):
+        args = [
+            "lint",
+            str(CHART),
+            "--kube-version",
+            "1.36.3",
+            "--set",
+            f"certificates.mode={mode}",
+        ]
+        result = helm_run(helm, args, tmp_path)
+        assert result.returncode == 0, (mode, result.stdout[-800:], result.stderr[-800:])
+
+
+def test_the_sidecar_with_self_managed_certificates_is_refused(helm: Path, tmp_path: Path) -> None:
+    args = ["template", "holdwarden", str(CHART), "--kube-version", "1.36.3",
+            "--set", "sidecar.enabled=true"]  # fmt: skip
+    result = helm_run(helm, args, tmp_path)
+    assert result.returncode != 0
+    assert "certificates.mode" in result.stderr and "sidecar.enabled" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("mode", "secret"),
+    [
+        ("self-managed", "holdwarden-certificates"),
+        ("provided", "holdwarden-webhook-tls"),
+        ("cert-manager", "holdwarden-webhook-tls"),
+    ],
+)
+def test_the_helm_test_pod_sends_one_review_trusting_the_webhooks_ca(
+    helm: Path, tmp_path: Path, mode: str, secret: str
+) -> None:
+    """The hook's rendered Pod: runs webhook.selftest against the Service with only the
+    CA (not the CA key) of the mode's Secret, no token, and passes the namespace's
+    restricted Pod Security (the settings the enforcer's own Pod has).
+    (tests/test_install_onestep.py runs the same command against a real enforcer.)"""
+    objs = helm_template(helm, [f"certificates.mode={mode}"], tmp_path, hooks=True)
+    (pod,) = [o for o in objs if o["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = spec["containers"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "webhook.selftest"]
+    assert command[command.index("--url") + 1] == f"https://holdwarden.{NAMESPACE}.svc:443/validate"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["ca"]["secret"]["secretName"] == secret
+    assert volumes["ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    ca_file = command[command.index("--ca-file") + 1]
+    assert mounts[str(Path(ca_file).parent)] == "ca"
+    # The arguments parse as the module's own.
+    assert command[3:].count("--url") == 1
+    assert selftest.RULE == "held-trainjob-suspended"
+
+
+def test_notes_name_the_mode_and_the_next_step(helm: Path, tmp_path: Path) -> None:
+    """NOTES.txt as Helm renders it for each mode. (``helm template`` does not print NOTES
+    and ``helm install --dry-run`` wants a cluster: a copy of the chart carries the same
+    text as a template of its own, a YAML block, which ``helm template`` renders.)"""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    lines = (CHART / "templates" / "NOTES.txt").read_text().splitlines()
+    block = ["notes: |", *(line if line.startswith("{{-") else f"  {line}" for line in lines)]
+    (chart / "templates" / "notes-rendered.yaml").write_text("\n".join(block) + "\n")
+    for mode, needle in (
+        ("self-managed", "Nothing else to do"),
+        ("cert-manager", "holdwarden certs enforce"),
+        ("provided", "holdwarden certs inject"),
+    ):
+        args = ["template", "holdwarden", str(chart), "--namespace", NAMESPACE,
+                "--kube-version", "1.36.3", "--show-only", "templates/notes-rendered.yaml",
+                "--set", f"certificates.mode={mode}"]  # fmt: skip
+        result = helm_run(helm, args, tmp_path)
+        assert result.returncode == 0, result.stderr
+        notes = yaml.safe_load(result.stdout)["notes"]
+        assert f"(certificates: {mode})" in notes and needle in notes, (mode, notes)

@@ -14,7 +14,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from holdwarden.config import Config, split_address
+from certs.enforcing import FAILURE_POLICY_ANNOTATION
+from holdwarden.config import CertificatesConfig, Config, split_address
 from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 
@@ -69,6 +70,14 @@ def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system()
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
+            # Self-managed certificates (certificates.yaml): the Secret and Lease, the one
+            # webhook configuration, and the verification probe in `default`.
+            "Role",
+            "RoleBinding",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
             "ConfigMap",
             "Deployment",
             "Service",
@@ -78,10 +87,13 @@ def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system()
             "PriorityClass",
         ]
     )
+    probe_namespace = CertificatesConfig().probe_namespace
     for name, doc in DOCS:
         assert doc["apiVersion"] and doc["metadata"]["name"], name
         if doc["kind"] in cluster_scoped:
             assert "namespace" not in doc["metadata"], name
+        elif doc["metadata"]["name"] == "holdwarden-enforcer-probe":
+            assert doc["metadata"]["namespace"] == probe_namespace, name
         else:
             assert doc["metadata"]["namespace"] == NAMESPACE, name
     assert one("Namespace")["metadata"]["name"] == NAMESPACE
@@ -93,10 +105,12 @@ def test_webhook_configuration_matches_the_contract() -> None:
     (hook,) = vwc["webhooks"]
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["sideEffects"] == "None"
-    assert hook["failurePolicy"] == "Fail"
+    # Ignore until the self-managed leader verified the enforcer; then the annotation's.
+    assert hook["failurePolicy"] == "Ignore"
+    assert vwc["metadata"]["annotations"][FAILURE_POLICY_ANNOTATION] == "Fail"
     assert hook["matchPolicy"] == "Equivalent"
     assert hook["timeoutSeconds"] == 5
-    assert "caBundle" not in hook["clientConfig"]  # injected by `holdwarden certs inject`
+    assert "caBundle" not in hook["clientConfig"]  # injected by the self-managed leader
     service = one("Service")
     assert hook["clientConfig"]["service"] == {
         "name": service["metadata"]["name"],
@@ -153,11 +167,10 @@ def test_configmap_config_loads_and_agrees_with_the_deployment() -> None:
     assert mounts["config"]["subPath"] == "config.yaml"
     assert volumes["config"]["configMap"]["name"] == "holdwarden-config"
 
-    # The certificate comes from the Secret, whole (no subPath: updates must arrive).
-    assert Path(mounts["tls"]["mountPath"]) == config.webhook.cert_dir
-    assert "subPath" not in mounts["tls"] and mounts["tls"]["readOnly"] is True
-    assert volumes["tls"]["secret"]["secretName"] == "holdwarden-webhook-tls"
-    assert volumes["tls"]["secret"]["defaultMode"] == 0o440
+    # Self-managed: the certificate comes from the API, so no certificate volume
+    # (manifests/provided mounts one: tests/test_manifests_selfmanaged.py).
+    assert "tls" not in mounts and "tls" not in volumes
+    assert "--certificates=self-managed" in container["args"]
 
     # The audit log is on a writable volume (the root filesystem is read-only).
     assert Path(mounts["audit"]["mountPath"]) == config.webhook.audit_log.parent
@@ -185,7 +198,12 @@ def test_deployment_is_hardened_and_probed() -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert pod["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
-    assert container["args"] == ["serve", "--config", "/etc/holdwarden/config.yaml"]
+    assert container["args"] == [
+        "serve",
+        "--config",
+        "/etc/holdwarden/config.yaml",
+        "--certificates=self-managed",
+    ]
 
 
 def test_service_pdb_and_rbac_point_at_the_right_things() -> None:
@@ -200,11 +218,21 @@ def test_service_pdb_and_rbac_point_at_the_right_things() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert pdb["spec"]["minAvailable"] == 1
 
-    # The enforcer calls no API: no token in its Pod, no role bound to its account.
+    # The enforcer's Pod has its token for self-managed certificates (the account itself
+    # mounts none by default); the only bindings are the certificates' own.
     account = one("ServiceAccount")
     assert account["automountServiceAccountToken"] is False
-    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-    assert not [doc for _, doc in DOCS if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    bindings = {
+        (doc["kind"], doc["metadata"]["name"])
+        for _, doc in DOCS
+        if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")
+    }
+    assert bindings == {
+        ("RoleBinding", "holdwarden-certificates"),
+        ("ClusterRoleBinding", "holdwarden-certificates"),
+        ("RoleBinding", "holdwarden-enforcer-probe"),
+    }
     roles = {doc["metadata"]["name"]: doc for _, doc in DOCS if doc["kind"] == "ClusterRole"}
     assert set(roles) == {
         "holdwarden-supervisor",
@@ -212,6 +240,7 @@ def test_service_pdb_and_rbac_point_at_the_right_things() -> None:
         "holdwarden-operator-view",
         "holdwarden-operator-hold",
         "holdwarden-audit-events",
+        "holdwarden-certificates",
     }
     # Operators' roles never create (preflight's dry runs are the supervisor's) and the
     # view role never writes.
@@ -236,10 +265,11 @@ def test_dockerfile_runs_the_manifests_command_as_non_root() -> None:
     entrypoint = re.search(r"^ENTRYPOINT (.+)$", text, re.MULTILINE)
     cmd = re.search(r"^CMD (.+)$", text, re.MULTILINE)
     assert entrypoint and json.loads(entrypoint.group(1)) == ["holdwarden"]
+    # The manifests add only the certificate mode to the image's command.
     assert (
         cmd
-        and json.loads(cmd.group(1))
-        == one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        and [*json.loads(cmd.group(1)), "--certificates=self-managed"]
+        == (one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
     )
     pod = one("Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == 65532
@@ -255,6 +285,8 @@ _PATHS = {
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",

@@ -67,7 +67,10 @@ def _bound_roles(objs: list[dict[str, Any]], account: str) -> set[str]:
 @pytest.mark.parametrize(
     ("variant", "sinks", "token"),
     [
-        pytest.param([], ("stdout",), False, id="base"),
+        # The base's Pod has its token for self-managed certificates; the sinks' own
+        # rights are bound only with the events sink.
+        pytest.param([], ("stdout",), True, id="base"),
+        pytest.param([MANIFESTS / "provided"], ("stdout",), True, id="provided"),
         pytest.param([MANIFESTS / "readmission"], ("stdout",), True, id="readmission"),
         pytest.param([MANIFESTS / "sidecar"], ("stdout",), None, id="sidecar"),
         *(
@@ -79,7 +82,7 @@ def _bound_roles(objs: list[dict[str, Any]], account: str) -> set[str]:
                     "durable-audit-events": ("stdout", "file", "events"),
                     "audit-events-readmission": ("stdout", "events"),
                 }[name],
-                name != "durable-audit",
+                True,
                 id=name,
             )
             for name, components in VARIANTS.items()
@@ -138,8 +141,8 @@ def test_durable_audit_is_the_base_pod_with_a_claim_per_replica() -> None:
     assert "emptyDir" in audit
     volumes.remove(audit)
     container = pod["spec"]["containers"][0]
-    assert container["args"][:3] == expected["spec"]["containers"][0]["args"]
-    container["args"] = container["args"][:3]
+    assert container["args"][:4] == expected["spec"]["containers"][0]["args"]
+    container["args"] = container["args"][:4]
     assert pod == expected
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert claim["metadata"]["name"] in mounts  # the claim is what the audit mount mounts

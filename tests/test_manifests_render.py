@@ -42,9 +42,12 @@ VARIANTS: dict[str, list[Path]] = {
     "base": [],
     "monitoring": [MANIFESTS / "monitoring"],
     "readmission": [MANIFESTS / "readmission"],
-    "sidecar": [MANIFESTS / "sidecar"],
+    "sidecar": [MANIFESTS / "sidecar", MANIFESTS / "provided"],
     "defence-in-depth": [MANIFESTS / "defence-in-depth"],
-    "self-managed": [MANIFESTS / "self-managed"],
+    "provided": [MANIFESTS / "provided"],
+    # (cert-manager's objects need its CRDs, which are not here: its render is checked
+    # below and in tests/test_manifests_selfmanaged.py.)
+    "provided-defence-in-depth": [MANIFESTS / "provided", MANIFESTS / "defence-in-depth"],
     "everything": [MANIFESTS / "monitoring", MANIFESTS / "readmission"],
 }
 
@@ -72,18 +75,23 @@ def test_variant_renders_unique_labelled_objects(variant: str) -> None:
                 assert container["image"] == "holdwarden:0.1.0"
 
 
-def test_the_enforcer_alone_has_no_token_and_no_rbac() -> None:
+def test_the_enforcer_is_bound_only_to_its_certificates_rights() -> None:
     base = render(MANIFESTS)
     account = _find(base, "ServiceAccount", "holdwarden")
     assert account["automountServiceAccountToken"] is False
     pod = _find(base, "Deployment", "holdwarden")["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
+    # Self-managed certificates (the default) call the API: the Pod has its token.
+    assert pod["automountServiceAccountToken"] is True
     assert (
         pod["priorityClassName"]
         == _find(base, "PriorityClass", "holdwarden-critical")["metadata"]["name"]
     )
-    # Nothing in the base binds a role to the enforcer's account.
-    assert not [o for o in base if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    # The base binds the enforcer's account to the certificates' roles only
+    # (tests/test_manifests_selfmanaged.py checks each rule).
+    bound = {
+        o["roleRef"]["name"] for o in base if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+    }
+    assert bound == {"holdwarden-certificates", "holdwarden-enforcer-probe"}
 
 
 def test_readmission_turns_the_token_back_on_and_binds_its_role() -> None:
@@ -113,8 +121,10 @@ def test_sidecar_serves_the_webhook_from_the_supervisors_pods() -> None:
         assert selector.items() <= labels.items(), kind
     containers = {c["name"]: c for c in pod["containers"]}
     assert set(containers) == {"supervisor", "enforcer"}
-    # The enforcer is the base's container, unchanged.
-    base_pod = _find(render(MANIFESTS), "Deployment", "holdwarden")["spec"]["template"]["spec"]
+    # The enforcer is the base's container with provided certificates, unchanged.
+    base_pod = _find(render(MANIFESTS, [MANIFESTS / "provided"]), "Deployment", "holdwarden")[
+        "spec"
+    ]["template"]["spec"]
     assert containers["enforcer"] == base_pod["containers"][0]
     assert {v["name"]: v for v in pod["volumes"]}.items() >= {
         v["name"]: v for v in base_pod["volumes"]
@@ -134,7 +144,7 @@ def test_cert_manager_makes_the_secret_the_pod_mounts_for_the_names_the_apiserve
     no CRDs of it in this repository; docs/certificates.md says so). Its objects must agree
     with the base: the serving Certificate writes the Secret the Deployment mounts, for the
     Service's names, signed by a CA Issuer whose CA cainjector injects into the webhook."""
-    base = render(MANIFESTS)
+    base = render(MANIFESTS, [MANIFESTS / "provided"])
     objs = render(MANIFESTS, [MANIFESTS / "cert-manager"])
     issuers = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Issuer"}
     certificates = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}
@@ -163,7 +173,7 @@ def test_cert_manager_makes_the_secret_the_pod_mounts_for_the_names_the_apiserve
     assert {name, f"{name}.{namespace}", f"{name}.{namespace}.svc"} <= set(serving["dnsNames"])
     # cainjector keeps caBundle equal to the serving Certificate's ca.crt.
     annotations = webhook["metadata"]["annotations"]
-    assert annotations == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/holdwarden-serving"}
+    assert annotations["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/holdwarden-serving"
     # Renewal happens well before expiry, and the leaf never outlives the CA.
     hours = {k: int(v.rstrip("h")) for k, v in serving.items() if k in ("duration", "renewBefore")}
     assert hours["renewBefore"] < hours["duration"] <= int(ca["duration"].rstrip("h"))
@@ -171,7 +181,7 @@ def test_cert_manager_makes_the_secret_the_pod_mounts_for_the_names_the_apiserve
     others = [o for o in objs if o["kind"] not in ("Issuer", "Certificate")]
     stripped = [o for o in others if o["kind"] == "ValidatingWebhookConfiguration"]
     for hook in stripped:
-        hook["metadata"].pop("annotations")
+        hook["metadata"]["annotations"].pop("cert-manager.io/inject-ca-from")
     assert sorted(map(_key, others)) == sorted(map(_key, base))
     assert _find(others, "ValidatingWebhookConfiguration", "holdwarden-enforcer") == _find(
         base, "ValidatingWebhookConfiguration", "holdwarden-enforcer"
