@@ -393,17 +393,6 @@ def leftover_pods(state: State, pods: list[Obj]) -> tuple[str, ...]:
     return tuple(sorted(str(pod.get("name")) for pod in chosen))
 
 
-def cluster_queue_admission_checks(cluster_queue: Obj) -> list[str]:
-    """The AdmissionCheck names a ClusterQueue applies (v1beta2 ``admissionChecksStrategy``,
-    and v1beta1's ``admissionChecks`` list if an older served version answered)."""
-    spec = cluster_queue.get("spec") or {}
-    names = [str(name) for name in spec.get("admissionChecks") or [] if name]
-    for entry in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or []:
-        if isinstance(entry, dict) and entry.get("name"):
-            names.append(str(entry["name"]))
-    return sorted(set(names))
-
-
 def multikueue_capability(
     namespace: str, gate_controller: str, dispatching: list[tuple[str, bool]]
 ) -> Capability:

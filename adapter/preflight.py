@@ -273,7 +273,7 @@ class Preflight:
             cq = (queue.get("spec") or {}).get("clusterQueue", "")
             try:
                 cluster_queue = yield from self._get_cluster(CLUSTERQUEUE, cq, deadline)
-                names = decisions.cluster_queue_admission_checks(cluster_queue)
+                names = objects.cluster_queue_admission_checks(cluster_queue)
                 for check in names:
                     if check not in check_controllers:
                         got = yield from self._get_cluster(ADMISSIONCHECK, check, deadline)

@@ -300,6 +300,19 @@ def admission_check_states(workload: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs.items()))
 
 
+def cluster_queue_admission_checks(cluster_queue: object) -> list[str]:
+    """The AdmissionCheck names a ClusterQueue applies (v1beta2 ``admissionChecksStrategy``,
+    and v1beta1's ``admissionChecks`` list if an older served version answered), sorted."""
+    spec = section(cluster_queue, "spec")
+    listed = spec.get("admissionChecks")
+    names = [str(name) for name in listed if name] if isinstance(listed, list) else []
+    strategy = section(spec, "admissionChecksStrategy").get("admissionChecks")
+    for entry in strategy if isinstance(strategy, list) else []:
+        if is_map(entry) and entry.get("name"):
+            names.append(str(entry["name"]))
+    return sorted(set(names))
+
+
 def ended_reason(trainjob: object) -> str | None:
     """``Complete`` or ``Failed`` when any condition of that type is True; None while not
     ended.

@@ -14,7 +14,6 @@ from adapter.decisions import (
     Decision,
     Outcome,
     classify,
-    cluster_queue_admission_checks,
     decide_hold,
     decide_open,
     decide_release,
@@ -25,7 +24,7 @@ from adapter.decisions import (
     validate_start_body,
 )
 from adapter.types import Ref, State
-from holdwarden.objects import format_time, parse_attempt
+from holdwarden.objects import cluster_queue_admission_checks, format_time, parse_attempt
 from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, Annotations
 
 A = Annotations("holdwarden.io")

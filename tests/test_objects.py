@@ -177,6 +177,7 @@ def test_every_accessor_is_total(obj: Any) -> None:
     objects.admission_check_names(obj)
     objects.admission_check(obj, ["gate"])
     objects.admission_check_states(obj)
+    objects.cluster_queue_admission_checks(obj)
     nxt = objects.next_attempt(obj, A)
     assert nxt is None or nxt == (objects.attempt(obj, A) or 0) + 1
 
