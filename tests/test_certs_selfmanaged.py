@@ -345,11 +345,11 @@ def test_two_replicas_one_writer_both_serve(
             replica.stop()
 
 
-# -- the component's RBAC, and `holdwarden serve --certificates self-managed` -------------
+# -- the base's certificate RBAC, and `holdwarden serve --certificates self-managed` -------
 
 
 def _rendered_rules(kind: str) -> list[dict[str, Any]]:
-    objs = render(ROOT / "manifests", [ROOT / "manifests" / "self-managed"])
+    objs = render(ROOT / "manifests")  # self-managed is the base's (certificates.yaml)
     (role,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == ROLE]
     return list(role["rules"])
 
@@ -357,7 +357,7 @@ def _rendered_rules(kind: str) -> list[dict[str, Any]]:
 def test_the_components_rbac_is_all_it_needs(
     cluster: LocalCluster, setup: tuple[str, str], admin_client: k8s.ApiClient, tmp_path: Path
 ) -> None:
-    """The enforcer runs as a service account bound to manifests/self-managed's rules
+    """The enforcer runs as a service account bound to the base's certificate rules
     (in the test's namespace, the configuration's name put in the ClusterRole), and gets
     from an empty namespace to serving with no failed request once the binding is live."""
     namespace, token = setup
