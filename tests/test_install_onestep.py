@@ -40,6 +40,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from certs.enforcing import FAILURE_POLICY_ANNOTATION
+from holdwarden.config import CertificatesConfig
+from holdwarden.kubeclient import api_client
 from holdwarden.localcluster import LocalCluster
 from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.localcluster.ports import free_port
@@ -57,6 +59,7 @@ NAMESPACE = "holdwarden-system"
 TEAM = "team-a"
 WEBHOOK = "holdwarden-enforcer"
 A = Annotations()
+PROBE_NAMESPACE = CertificatesConfig().probe_namespace
 HOLD = {
     A.hold_instance: "1",
     A.hold_reason: "one-step install test",
@@ -179,6 +182,26 @@ def token_kubeconfig(cluster: LocalCluster, api: k8s.ApiClient, path: Path) -> P
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
+
+
+def assert_the_probe_role_creates_dry_runs_only(
+    kubeconfig: Path, admin: k8s.CustomObjectsApi
+) -> None:
+    """The enforcer's account may create a TrainJob in the probe namespace as a server-side
+    dry run (its verification probe), and is refused a real one by the policy
+    holdwarden-enforcer-probe-dry-run-only: a TrainJob runs pods."""
+    as_enforcer = k8s.CustomObjectsApi(api_client(str(kubeconfig)))
+    body = trainjob_body("not-a-probe", suspend=True)
+    args = (TRAINJOB.group, TRAINJOB.version, PROBE_NAMESPACE, TRAINJOB.plural, body)
+    as_enforcer.create_namespaced_custom_object(*args, dry_run="All", _request_timeout=30)
+    with pytest.raises(ApiException) as refused:
+        as_enforcer.create_namespaced_custom_object(*args, _request_timeout=30)
+    assert refused.value.status == 403, refused.value.body
+    assert "holdwarden-enforcer-probe-dry-run-only" in str(refused.value.body)
+    left: Any = admin.list_namespaced_custom_object(
+        TRAINJOB.group, TRAINJOB.version, PROBE_NAMESPACE, TRAINJOB.plural
+    )
+    assert left["items"] == []
 
 
 def create(cluster: LocalCluster, api: k8s.ApiClient, obj: dict[str, Any], cache: Any) -> None:
@@ -305,6 +328,7 @@ def test_one_step_install_enforces_without_refusing_a_write_and_uninstalls_clean
             entry.failure_policy = "Ignore"
         admission.replace_validating_webhook_configuration(WEBHOOK, live)
         reset_seconds = wait_for("failurePolicy Fail again", enforcing, 120)
+        assert_the_probe_role_creates_dry_runs_only(kubeconfig, custom)
 
         # The helm test hook's command (webhook.selftest) against this enforcer, with the
         # CA the webhook trusts (the Secret's ca.crt, what the hook's Pod mounts).

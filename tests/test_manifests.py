@@ -57,7 +57,9 @@ def test_kustomization_lists_exactly_the_manifest_files() -> None:
 
 def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system() -> None:
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding",
-                      "ValidatingWebhookConfiguration", "PriorityClass"}  # fmt: skip
+                      "ValidatingWebhookConfiguration", "PriorityClass",
+                      "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}  # fmt: skip
     kinds = sorted(doc["kind"] for _, doc in DOCS)
     assert kinds == sorted(
         [
@@ -78,6 +80,9 @@ def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system()
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
+            # ... and that probe's Role taken back for everything but dry runs.
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ConfigMap",
             "Deployment",
             "Service",
@@ -292,6 +297,12 @@ _PATHS = {
     "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
     "ValidatingWebhookConfiguration": (
         "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    ),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
     ),
 }
 

@@ -28,6 +28,8 @@ CERTIFICATE_RBAC = {
     ("ClusterRoleBinding", "holdwarden-certificates"),
     ("Role", "holdwarden-enforcer-probe"),
     ("RoleBinding", "holdwarden-enforcer-probe"),
+    ("ValidatingAdmissionPolicy", "holdwarden-enforcer-probe-dry-run-only"),
+    ("ValidatingAdmissionPolicyBinding", "holdwarden-enforcer-probe-dry-run-only"),
 }
 
 
@@ -155,6 +157,17 @@ def test_the_defaults_name_what_the_base_grants_and_ships() -> None:
             {"kind": "ServiceAccount", "name": account, "namespace": namespace}
         ]
         assert binding["roleRef"]["name"] == name
+    # ... and taken back for everything but dry runs, for that same account.
+    guard = _find(objs, "ValidatingAdmissionPolicy", "holdwarden-enforcer-probe-dry-run-only")
+    (who,) = guard["spec"]["matchConditions"]
+    assert who["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:{namespace}:{account}"'
+    )
+    assert [v["expression"] for v in guard["spec"]["validations"]] == [
+        "has(request.dryRun) && request.dryRun == true"
+    ]
+    bound = _find(objs, "ValidatingAdmissionPolicyBinding", guard["metadata"]["name"])
+    assert bound["spec"] == {"policyName": guard["metadata"]["name"], "validationActions": ["Deny"]}
 
 
 def test_the_self_managed_component_is_kept_empty_for_old_overlays() -> None:

@@ -102,11 +102,13 @@ def test_defence_in_depth_puts_the_policy_beside_a_webhook_that_ignores_failures
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for doc in docs:
         by_kind.setdefault(doc["kind"], []).append(doc)
+    # The hold rules, and the base's guard on the certificates' probe Role.
     assert {p["metadata"]["name"] for p in by_kind["ValidatingAdmissionPolicy"]} == {
         "holdwarden-hold-rules",
         "holdwarden-hold-owner-only",
+        "holdwarden-enforcer-probe-dry-run-only",
     }
-    assert len(by_kind["ValidatingAdmissionPolicyBinding"]) == 2
+    assert len(by_kind["ValidatingAdmissionPolicyBinding"]) == 3
     (hook,) = by_kind["ValidatingWebhookConfiguration"]
     assert hook["webhooks"][0]["failurePolicy"] == "Ignore"
     assert "Deployment" in by_kind
