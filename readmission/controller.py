@@ -62,7 +62,7 @@ from readmission.decisions import (
     worker_blocker,
 )
 from readmission.informer import Informer, Obj, Store, object_key
-from readmission.metrics import GateMetrics
+from readmission.metrics import GateMetrics, StallTracker
 from readmission.multikueue import WorkerClusters
 from readmission.workqueue import WorkQueue
 
@@ -155,6 +155,8 @@ class ReadmissionGate:
         self._threads: list[threading.Thread] = []
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.metrics = GateMetrics(registry)
+        self.stalls = StallTracker(clock)
+        """Workloads free to run that the gate keeps waiting (the "waiting too long" alert)."""
         self._worker_recheck = min(
             gate.interval.total_seconds(), gate.multikueue_worker_recheck.total_seconds()
         )
@@ -254,9 +256,11 @@ class ReadmissionGate:
                 ),
                 request_timeout=self._timeout,
                 on_started_leading=self._enqueue_all,
+                on_stopped_leading=self.stalls.clear,
             )
         self.metrics.track_queue(self.queue.depth)
         self.metrics.track_leader(self.may_write)
+        self.metrics.track_stalls(self.stalls)
         for inf in self.informers:
             self.metrics.track_cache(inf.name, inf.store.__len__)
 
@@ -358,10 +362,13 @@ class ReadmissionGate:
 
     def _enqueue_all(self) -> None:
         """Every key of ours: on becoming the leader, and at each resync."""
+        gated: set[str] = set()
         for name in self.our_checks():
             self.queue.add((_CHECK, name))
             for workload in self.workloads.by_index("check", name):
+                gated.add(object_key(workload))
                 self.queue.add((_WORKLOAD, object_key(workload)))
+        self.stalls.retain(gated)  # a safety net: no stale entry outlives a resync
 
     # -- the worker ----------------------------------------------------------------------
 
@@ -421,6 +428,8 @@ class ReadmissionGate:
             self.errors += 1
             log.exception("readmission %s failed", key)
             self.queue.add_rate_limited(key)
+        if outcome == "follower" and key[0] == _WORKLOAD:
+            self.stalls.forget(key[1])  # the leader counts it
         self.metrics.reconciles.labels(outcome).inc()
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         return outcome
@@ -497,10 +506,9 @@ class ReadmissionGate:
 
     def _reconcile_workload(self, key: str, as_leader: bool) -> str:
         workload = self.workloads.get(key)
-        if workload is None:
-            return "nothing"
         checks = self.our_checks()
-        if not checks or not set(_check_index(workload)) & checks:
+        if workload is None or not checks or not set(_check_index(workload)) & checks:
+            self.stalls.forget(key)  # deleted, or no longer gated by us
             return "nothing"
         trainjob = self._cached_trainjob(workload)
         pods = self._cached_pods(trainjob)
@@ -518,6 +526,7 @@ class ReadmissionGate:
                 workers=workers,
             )
             if decision.action is GateAction.NOTHING:
+                self.stalls.record(key, decision.stalled)
                 break
             uncounted = workers is None and objects.dispatched_by_multikueue(trainjob)
             if not fresh and (

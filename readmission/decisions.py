@@ -69,6 +69,12 @@ class GateDecision:
     """The whole Workload to write to its status subresource (KEEP_PENDING, MARK_READY)."""
     trainjob: dict[str, Any] | None = None
     """The whole TrainJob to write (RAISE_ATTEMPT)."""
+    stalled: bool = False
+    """The check is Pending on a job free to run by every hold rule (opened, not ended, no
+    hold, active) that the gate itself keeps waiting: pods of the previous execution remain,
+    a MultiKueue worker has or may have them, or A cannot be read (``why_blocked``). The
+    gate counts these for its "waiting too long" alert; a held or unopened job waits by
+    design and is not counted."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,15 @@ def why_waiting(
     admitted on an uncounted or blocking set of workers: its previous execution ran
     there, not here, and MultiKueue itself does not wait for it to be gone.
     """
+    held = why_not_free(workload, trainjob, annotations)
+    if held is not None or trainjob is None:
+        return held
+    return why_blocked(trainjob, pods_remaining, annotations, workers)
+
+
+def why_not_free(workload: Obj, trainjob: Obj | None, annotations: Annotations) -> str | None:
+    """Why the job is not free to run by the hold rules (not found, not opened, ended, held,
+    deactivated), or None when it is: the waits that are someone's decision."""
     if trainjob is None:
         return "its TrainJob was not found"
     if objects.opened_at(trainjob, annotations) is None:
@@ -148,6 +163,17 @@ def why_waiting(
         return f"hold instance {instance} is in force"
     if not objects.active(workload):
         return "the Workload is deactivated (spec.active=false)"
+    return None
+
+
+def why_blocked(
+    trainjob: Obj,
+    pods_remaining: int,
+    annotations: Annotations,
+    workers: Sequence[WorkerCount] | None = None,
+) -> str | None:
+    """Why the gate itself keeps a job that is free to run waiting (its A unreadable, the
+    previous execution's pods, MultiKueue's workers), or None when nothing does."""
     if objects.attempt(trainjob, annotations) is None:
         # The adapter refuses to run an object whose count it cannot read; so does the gate.
         return (
@@ -199,13 +225,17 @@ def decide_readmission(
     if state != "Pending":
         # Retry and Rejected belong to Kueue's own bookkeeping.
         return GateDecision(GateAction.NOTHING, f"check state {state!r} is not ours to change")
-    waiting = why_waiting(workload, trainjob, pods_remaining, annotations, workers)
+    waiting = why_not_free(workload, trainjob, annotations)
+    stalled = False
+    if waiting is None and trainjob is not None:
+        waiting = why_blocked(trainjob, pods_remaining, annotations, workers)
+        stalled = waiting is not None
     if waiting is not None:
         message = f"holdwarden: waiting: {waiting}{_observed(workload)}"
         if check.get("message") == message:
-            return GateDecision(GateAction.NOTHING, waiting)
+            return GateDecision(GateAction.NOTHING, waiting, stalled=stalled)
         pending = objects.with_admission_check(workload, index, {"message": message})
-        return GateDecision(GateAction.KEEP_PENDING, waiting, workload=pending)
+        return GateDecision(GateAction.KEEP_PENDING, waiting, workload=pending, stalled=stalled)
     assert trainjob is not None  # why_waiting returns a reason when it is None
     attempt = objects.next_attempt(trainjob, annotations) or 1  # why_waiting: not garbled
     ready = {
