@@ -402,6 +402,7 @@ class ReadmissionGate:
         for name in sorted(self.our_checks()):
             keys.append((_CHECK, name))
             keys.extend((_WORKLOAD, object_key(w)) for w in self.workloads.by_index("check", name))
+        self.stalls.retain(key for kind, key in keys if kind == _WORKLOAD)
         return [(key, self._process(key, as_leader=True)) for key in dict.fromkeys(keys)]
 
     def _process(self, key: WorkKey, *, as_leader: bool = False) -> str:
