@@ -63,7 +63,7 @@ def current_policies(configuration: Any) -> tuple[str, ...]:
 def verify_enforcer(config: Config, api: k8s.ApiClient, namespace: str) -> tuple[bool, str]:
     """Does the enforcer answer through the apiserver? The adapter's preflight probe (a
     server-side dry-run create of a held object without its hold field, which the enforcer
-    must refuse by its rule; adapter/core.py), in ``namespace``. (True, why) or (False, why).
+    must refuse by its rule; adapter/preflight.py), in ``namespace``. (True, why) or (False, why).
     """
     from adapter.kube import Adapter  # the enforcer loads the adapter only to verify
 
