@@ -193,3 +193,17 @@ def test_the_dashboard_is_json_and_reads_only_exported_metrics() -> None:
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids)), "panel ids repeat"
     assert len(dashboard["panels"]) <= 20, "keep it small"
+
+
+def test_the_component_ships_the_dashboard_for_grafanas_sidecar_and_the_chart_the_same() -> None:
+    (shipped,) = [
+        o
+        for o in render(ROOT / "manifests", [MONITORING])
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "holdwarden-dashboard"
+    ]
+    assert shipped["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert shipped["data"] == {"holdwarden.json": DASHBOARD.read_text()}
+    # Helm reads files inside the chart only: its copy must be this one (tests/test_chart.py
+    # compares the rendered ConfigMaps).
+    chart_copy = ROOT / "charts" / "holdwarden" / "dashboards" / "holdwarden.json"
+    assert chart_copy.read_text() == DASHBOARD.read_text()
