@@ -99,13 +99,6 @@ class StallTracker:
             return 0.0
         return max(0.0, (self._clock() - oldest).total_seconds())
 
-    def oldest(self) -> str | None:
-        """The key of the longest-stalled Workload (for logs), or None."""
-        with self._lock:
-            if not self._since:
-                return None
-            return min(self._since, key=lambda k: self._since[k])
-
 
 class GateMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

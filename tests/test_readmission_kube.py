@@ -428,6 +428,9 @@ def test_holdwarden_serve_runs_the_gate_when_enabled(
         assert "holdwarden_readmission_leader 1.0" in scraped
         assert f"{mark_ready} 1.0" in scraped  # once: no second Ready
         assert "holdwarden_webhook_reviews_total" in scraped
+        # Readmitted: no Workload is counted as kept waiting (the alert's series, served).
+        assert "holdwarden_readmission_stalled_workloads 0.0" in scraped
+        assert "holdwarden_readmission_longest_stall_seconds 0.0" in scraped
     finally:
         server.terminate()
         output = server.communicate(timeout=15)[0].decode()
