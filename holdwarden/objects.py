@@ -31,6 +31,7 @@ come from JSON); the ``Mapping`` ABC check costs about a microsecond a call.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -413,12 +414,45 @@ def annotated(
     return body
 
 
-def with_admission_check(workload: Obj, index: int, fields: Mapping[str, str]) -> dict[str, Any]:
+def with_admission_check(
+    workload: Obj,
+    index: int,
+    fields: Mapping[str, str],
+    condition: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """A deep copy of the Workload with ``fields`` set on ``status.admissionChecks[index]``
-    (what the readmission gate writes to the status subresource)."""
+    and, with ``condition``, that status condition set in place of any of its type (what
+    the readmission gate writes to the status subresource, in one update)."""
     updated = copy.deepcopy(dict(workload))
-    updated["status"]["admissionChecks"][index].update(fields)
+    status = updated["status"]
+    status["admissionChecks"][index].update(fields)
+    if condition is not None:
+        others = [c for c in status.get("conditions") or [] if c.get("type") != condition["type"]]
+        status["conditions"] = [*others, dict(condition)]
     return updated
+
+
+def granted_condition(annotations: Annotations, attempt: int, now: str) -> dict[str, Any]:
+    """The Workload condition that records attempt ``attempt`` as granted (``now``: RFC 3339)."""
+    return {
+        "type": annotations.attempt_granted,
+        "status": "True",
+        "reason": "Granted",
+        "message": f"attempt {attempt} admitted by the readmission gate",
+        "lastTransitionTime": now,
+    }
+
+
+_GRANTED_CONDITION_RE = re.compile(r"attempt ([0-9]+) admitted by the readmission gate")
+
+
+def recorded_grant(workload: object, annotations: Annotations) -> int | None:
+    """The attempt the gate last recorded as granted on this Workload (its condition), or
+    None. Total: a missing, garbled or out-of-range record reads as None."""
+    found = condition(workload, annotations.attempt_granted)
+    message = found.get("message") if found is not None else None
+    match = _GRANTED_CONDITION_RE.fullmatch(message) if isinstance(message, str) else None
+    return parse_hold_instance(match.group(1)) if match else None
 
 
 # ---- time --------------------------------------------------------------------------------

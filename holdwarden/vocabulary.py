@@ -102,6 +102,13 @@ class Annotations:
         return f"{self.prefix}/attempt"
 
     @property
+    def attempt_granted(self) -> str:
+        """The Workload status condition type in which the readmission gate records the
+        attempt it granted (not an annotation: it is written with the Ready check, in the
+        same status update, and Kueue's reset of the checks on eviction leaves it)."""
+        return f"{self.prefix}/AttemptGranted"
+
+    @property
     def hold_keys(self) -> tuple[str, str, str, str]:
         """Every key a Hold writes and a Release removes."""
         return (self.hold_instance, self.hold_reason, self.held_at, self.held_by)

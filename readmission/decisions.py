@@ -12,10 +12,14 @@ are still there (never two executions), and a hold placed at any time keeps the 
 turning Ready.
 
 ``P/attempt`` (A, executions started) rises when the gate grants an admission. The granted
-number is written in the check's message (``holdwarden: attempt N admitted``) *with* the
-Ready state, in one status update; the TrainJob's A is raised to N afterwards, and only if
-it is lower. That keeps A exact when a write fails or the gate restarts in between: the
-check's message remembers what was granted, and raising to N is idempotent.
+number is written *with* the Ready state, in one status update: in the check's message
+(``holdwarden: attempt N admitted``) and in a Workload condition of the gate's own
+(``P/AttemptGranted``); the TrainJob's A is raised to N afterwards, and only if it is
+lower. That keeps A exact when a write fails or the gate stops in between: raising to N is
+idempotent, and the condition remembers the grant after Kueue has reset the check on an
+eviction (which replaces the check's message: "Reset to Pending after eviction"). Without
+the condition, a gate that stopped between the two writes, followed by a hold before the
+next leader looked, lost the grant, and the next one reused its number.
 """
 
 from __future__ import annotations
@@ -202,26 +206,37 @@ def decide_readmission(
     """What the gate writes for one Workload.
 
     Invariants: MARK_READY only when ``why_waiting`` is None (so, for a TrainJob that
-    MultiKueue dispatches, only on ``workers`` counted and clear); RAISE_ATTEMPT only raises A
-    to the attempt a Ready check of ours granted, never lowers it and never raises it twice
-    for one grant; checks not listed in ``check_names`` are never touched.
+    MultiKueue dispatches, only on ``workers`` counted and clear), and with the grant's
+    condition in the same write; RAISE_ATTEMPT only raises A to the attempt the gate granted
+    (the Ready check's message, or its condition after Kueue reset the check), never lowers
+    it and never raises it twice for one grant; no new grant while an earlier one is not yet
+    on the TrainJob; checks not listed in ``check_names`` are never touched.
     """
     found = objects.admission_check(workload, check_names)
     if found is None:
         return GateDecision(GateAction.NOTHING, "no admission check of ours on this Workload")
     index, check = found
     state = check.get("state")
-    if state == "Ready":
-        granted = granted_attempt(check.get("message"))
-        if granted is None or trainjob is None:
-            return GateDecision(GateAction.NOTHING, "Ready, nothing granted to record")
-        recorded = objects.attempt(trainjob, annotations)
-        if recorded is None or recorded >= granted:
-            return GateDecision(GateAction.NOTHING, f"attempt {granted} already recorded")
+    # What was granted: the Ready check's message, or the gate's condition, which outlives
+    # Kueue's reset of the check. A grant not yet on the TrainJob is recorded first, before
+    # anything else is decided, whatever the check's state now.
+    granted = max(
+        (g for g in (
+            granted_attempt(check.get("message")) if state == "Ready" else None,
+            objects.recorded_grant(workload, annotations),
+        ) if g is not None),
+        default=None,
+    )  # fmt: skip
+    recorded = objects.attempt(trainjob, annotations) if trainjob is not None else None
+    if granted is not None and trainjob is not None and recorded is not None and recorded < granted:
         raised = objects.annotated(trainjob, objects.attempt_annotation(annotations, granted))
         return GateDecision(
             GateAction.RAISE_ATTEMPT, f"record attempt {granted} on the TrainJob", trainjob=raised
         )
+    if state == "Ready":
+        if granted is None or trainjob is None:
+            return GateDecision(GateAction.NOTHING, "Ready, nothing granted to record")
+        return GateDecision(GateAction.NOTHING, f"attempt {granted} already recorded")
     if state != "Pending":
         # Retry and Rejected belong to Kueue's own bookkeeping.
         return GateDecision(GateAction.NOTHING, f"check state {state!r} is not ours to change")
@@ -238,10 +253,12 @@ def decide_readmission(
         return GateDecision(GateAction.KEEP_PENDING, waiting, workload=pending, stalled=stalled)
     assert trainjob is not None  # why_waiting returns a reason when it is None
     attempt = objects.next_attempt(trainjob, annotations) or 1  # why_waiting: not garbled
+    at = objects.format_time(now)
     ready = {
         "state": "Ready",
         "message": f"holdwarden: attempt {attempt} admitted{_observed(workload)}",
-        "lastTransitionTime": objects.format_time(now),
+        "lastTransitionTime": at,
     }
-    updated = objects.with_admission_check(workload, index, ready)
+    grant = objects.granted_condition(annotations, attempt, at)
+    updated = objects.with_admission_check(workload, index, ready, condition=grant)
     return GateDecision(GateAction.MARK_READY, f"admit attempt {attempt}", workload=updated)

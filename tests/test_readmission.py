@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from holdwarden import objects
 from holdwarden.vocabulary import Annotations
 from readmission.decisions import GateAction, decide_readmission, granted_attempt, why_waiting
 
@@ -102,6 +103,99 @@ def test_pending_check_waits_and_says_why(
     # Asked again with the message already written, the gate writes nothing.
     again = decide(decision.workload, tj, pods)
     assert again.action is GateAction.NOTHING
+
+
+RESET = "Reset to Pending after eviction. Previously: Ready"  # Kueue's message
+
+
+def granted_on(wl: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """``wl`` with the gate's grant condition for ``attempt``, as MARK_READY writes it."""
+    wl = copy.deepcopy(wl)
+    wl["status"]["conditions"] = [
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": ""},
+        objects.granted_condition(NOTES, attempt, "2026-12-02T11:59:00Z"),
+    ]
+    return wl
+
+
+def test_a_grant_records_its_attempt_in_a_condition_in_the_same_write() -> None:
+    decision = decide(workload(), trainjob(attempt="2"))
+    assert decision.action is GateAction.MARK_READY
+    assert objects.recorded_grant(decision.workload, NOTES) == 3
+    (condition,) = decision.workload["status"]["conditions"]
+    assert condition["type"] == "holdwarden.io/AttemptGranted"
+    assert condition["status"] == "True" and condition["reason"] == "Granted"
+    # A later grant replaces the record; other conditions stay.
+    again = decide(granted_on(workload(message=RESET), 3), trainjob(attempt="3"))
+    assert again.action is GateAction.MARK_READY
+    assert objects.recorded_grant(again.workload, NOTES) == 4
+    assert [c["type"] for c in again.workload["status"]["conditions"]] == [
+        "QuotaReserved",
+        "holdwarden.io/AttemptGranted",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("state", "message", "hold", "then"),
+    [
+        pytest.param("Pending", RESET, None, GateAction.MARK_READY, id="released-after-reset"),
+        pytest.param("Pending", RESET, "7", GateAction.KEEP_PENDING, id="still-held"),
+        pytest.param(
+            "Ready", "holdwarden: attempt 5 admitted", None, GateAction.NOTHING, id="ready"
+        ),
+    ],
+)
+def test_a_grant_not_yet_on_the_trainjob_is_recorded_before_anything_else(
+    state: str, message: str, hold: str | None, then: GateAction
+) -> None:
+    # The gate granted attempt 5 and stopped before it raised A; then a hold made Kueue
+    # reset the check (its message replaced). The next gate raises A to 5 first, held or
+    # not, and its next grant is 6, never 5 again.
+    wl = granted_on(workload(state=state, message=message, hold=hold, active=hold is None), 5)
+    decision = decide(wl, trainjob(attempt="4"))
+    assert decision.action is GateAction.RAISE_ATTEMPT
+    assert decision.trainjob["metadata"]["annotations"][NOTES.attempt] == "5"
+    after = decide(wl, decision.trainjob)
+    assert after.action is then
+    if then is GateAction.MARK_READY:
+        assert granted_attempt(after.workload["status"]["admissionChecks"][1]["message"]) == 6
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        pytest.param(None, id="absent"),
+        pytest.param("attempt x admitted by the readmission gate", id="garbled"),
+        pytest.param("attempt 99999999999999999999 admitted by the readmission gate", id="huge"),
+        pytest.param(" attempt 3 admitted by the readmission gate", id="padded"),
+    ],
+)
+def test_no_readable_record_means_no_recorded_grant(record: str | None) -> None:
+    wl = workload(message=RESET)
+    if record is not None:
+        wl["status"]["conditions"] = [
+            {"type": NOTES.attempt_granted, "status": "True", "reason": "Granted",
+             "message": record, "lastTransitionTime": "x"}
+        ]  # fmt: skip
+    assert objects.recorded_grant(wl, NOTES) is None
+    decision = decide(wl, trainjob(attempt="2"))
+    assert decision.action is GateAction.MARK_READY  # granted from A, as before
+    assert granted_attempt(decision.workload["status"]["admissionChecks"][1]["message"]) == 3
+
+
+@given(st.integers(0, 50), st.integers(1, 50))
+def test_the_recorded_grant_never_lowers_a_and_a_grant_follows_every_record(
+    attempt: int, recorded: int
+) -> None:
+    wl = granted_on(workload(message=RESET), recorded)
+    decision = decide(wl, trainjob(attempt=str(attempt)))
+    if attempt < recorded:
+        assert decision.action is GateAction.RAISE_ATTEMPT
+        assert decision.trainjob["metadata"]["annotations"][NOTES.attempt] == str(recorded)
+    else:
+        assert decision.action is GateAction.MARK_READY
+        granted = granted_attempt(decision.workload["status"]["admissionChecks"][1]["message"])
+        assert granted == attempt + 1
 
 
 @pytest.mark.parametrize(

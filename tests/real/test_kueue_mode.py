@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 
 from adapter import Adapter, Ref
 from adapter.types import State
+from holdwarden import objects as hw_objects
 from holdwarden.config import Config
 from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from holdwarden.localcluster.builders import trainjob_body
@@ -109,6 +110,20 @@ def test_kueue_mode_hold_and_release_on_the_real_controllers(
         assert observed.state is State.HELD, observed
         assert observed.hold_instance == 1
         assert kept in observed.leftover_pods
+        # The real Kueue reset the gate's check on eviction (its message replaced), and
+        # left the gate's own record of the grant: what a gate that stopped between its
+        # Ready and A's raise reads back (readmission/decisions.py).
+        reset = eventually(
+            lambda: next(
+                (c for c in (objects.workload() or {}).get("status", {}).get(
+                    "admissionChecks") or []
+                 if c.get("name") == enforced.check_name and c.get("state") == "Pending"),
+                None,
+            ),
+            "Kueue resets the gate's check to Pending",
+        )  # fmt: skip
+        assert "holdwarden: attempt" not in str(reset.get("message")), reset
+        assert hw_objects.recorded_grant(objects.workload(), A) == 1
 
         # The hold stays: same Workload, same annotations, for at least HOLD_STABLE_S.
         until = time.monotonic() + HOLD_STABLE_S
@@ -133,6 +148,7 @@ def test_kueue_mode_hold_and_release_on_the_real_controllers(
         eventually(lambda: objects.attempt() == "2", "the gate records attempt 2")
         time.sleep(5)  # a second rise would show within a few gate passes
         assert objects.attempt() == "2"
+        assert hw_objects.recorded_grant(objects.workload(), A) == 2
         current = objects.workload()
         assert current is not None and current["metadata"]["uid"] == workload_uid
     finally:
