@@ -13,12 +13,15 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# The checkout's root on the virtualenv's path: the development tooling (rig/, tests/,
+	# bench/) is not part of the installed project, but imports from anywhere here.
+	$(PY) -c 'import pathlib, site, sys; pathlib.Path(site.getsitepackages()[0], "holdwarden-checkout.pth").write_text(sys.argv[1] + "\n")' "$(CURDIR)"
 	touch $(STAMP)
 
 binaries: $(STAMP)
 	# kube-apiserver, and the real Kueue, Trainer, JobSet and kube-controller-manager that
 	# tests/real runs (about 16 minutes of builds cold on two cores; cached after).
-	$(PY) -m holdwarden.localcluster --controllers
+	$(PY) -m rig.localcluster --controllers
 	# Helm and kustomize for the manifest tests (tests/test_chart.py, ...), built once.
 	$(PY) -m tests.tool_binaries
 

@@ -47,9 +47,9 @@ from kubernetes import client as k8s
 
 from adapter import Adapter, AsyncAdapter, CallMeta, Config, Ref
 from adapter.errors import AdapterError
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import kueue_workload_body, trainjob_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Resource
+from rig.builders import kueue_workload_body, trainjob_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 
 Obj = dict[str, Any]
 STORM_HZ = 20.0

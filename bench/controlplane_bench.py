@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from holdwarden.localcluster import LocalCluster
+from rig.localcluster import LocalCluster
 
 
 def main() -> None:

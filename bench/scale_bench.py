@@ -49,9 +49,9 @@ from kubernetes import client as k8s  # noqa: E402
 
 from adapter import CallMeta, Config, Ref  # noqa: E402
 from adapter.aio import AsyncAdapter  # noqa: E402
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster  # noqa: E402
-from holdwarden.localcluster.builders import trainjob_body, workload_body  # noqa: E402
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations  # noqa: E402
+from rig.builders import trainjob_body, workload_body  # noqa: E402
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster  # noqa: E402
 
 A = Annotations()
 
@@ -289,9 +289,9 @@ def gate_at_scale(cluster: LocalCluster, pods: int, decisions: int = 5) -> dict[
     """The gate's start-up LIST time, RSS and decision latency with ``pods`` in its cache."""
     import subprocess
 
-    from holdwarden.localcluster import ENFORCER_IDENTITY
-    from holdwarden.localcluster.realstory import make_admission_check
     from holdwarden.vocabulary import JOBSET_NAME_LABEL
+    from rig.localcluster import ENFORCER_IDENTITY
+    from rig.localcluster.realstory import make_admission_check
 
     namespace = cluster.create_namespace(f"gate-{uuid.uuid4().hex[:6]}")
     created_s = _create_pods(cluster, namespace, pods)

@@ -74,7 +74,7 @@ def build_parser(prog: str = "holdwarden") -> argparse.ArgumentParser:
     demo: Any
     try:
         # The demo runs a local control plane: development tooling, not in the wheel.
-        from holdwarden.localcluster import demo
+        from rig.localcluster import demo
     except ImportError:
         demo = _DemoUnavailable
 

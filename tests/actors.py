@@ -36,7 +36,6 @@ from typing import Any, Self
 
 from kubernetes import client as k8s
 
-from holdwarden.localcluster.builders import kueue_workload_body
 from holdwarden.vocabulary import (
     DEACTIVATED_REASON,
     DEACTIVATION_TARGET_CONDITION,
@@ -51,6 +50,7 @@ from holdwarden.vocabulary import (
     Annotations,
     Resource,
 )
+from rig.builders import kueue_workload_body
 
 Obj = dict[str, Any]
 

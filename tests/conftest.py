@@ -1,6 +1,6 @@
 """Shared fixtures: one real local control plane per test session.
 
-The control plane is real etcd and a real kube-apiserver (see holdwarden.localcluster).
+The control plane is real etcd and a real kube-apiserver (see rig.localcluster).
 If it cannot start, the fixture fails the tests that need it with the server's own logs;
 it never skips them.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from holdwarden.localcluster import (
+from rig.localcluster import (
     EDITOR_USER,
     JOB_CONTROLLER_IDENTITY,
     KUEUE_IDENTITY,

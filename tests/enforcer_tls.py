@@ -29,7 +29,7 @@ from bench.webhook_bench import image_malloc_env
 from certs.generate import KeyPair, generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from holdwarden.localcluster.ports import free_port
+from rig.localcluster.ports import free_port
 from tests.review_samples import review, trainjob
 from webhook.server import EnforcerServer
 

@@ -30,9 +30,9 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from holdwarden.localcluster import KUEUE_IDENTITY, SUPERVISOR_IDENTITY
-from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import KUEUE_IDENTITY, SUPERVISOR_IDENTITY
 
 A = Annotations()
 MERGE = "application/merge-patch+json"

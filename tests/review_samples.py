@@ -11,8 +11,8 @@ import copy
 import uuid
 from typing import Any
 
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from rig.builders import trainjob_body
 
 A = Annotations()
 

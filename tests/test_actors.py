@@ -16,8 +16,6 @@ from kubernetes import client as k8s
 
 from adapter.decisions import classify
 from adapter.types import Ref, State
-from holdwarden.localcluster import UNPRIVILEGED_USER, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import (
     JOB_UID_LABEL,
     JOBSET_NAME_LABEL,
@@ -25,6 +23,8 @@ from holdwarden.vocabulary import (
     WORKLOAD,
     Annotations,
 )
+from rig.builders import trainjob_body
+from rig.localcluster import UNPRIVILEGED_USER, LocalCluster
 from tests.actors import (
     DECIDED_ON_ANNOTATION,
     HEARTBEAT_CONDITION,

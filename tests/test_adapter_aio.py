@@ -21,8 +21,8 @@ from adapter import AsyncAdapter, Config, Ref, State
 from adapter.errors import AdapterError, Conflict, Rejected, StaleHold, Unreachable
 from adapter.kube import FIELD_MANAGER
 from adapter.steps import Request, Send
-from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from rig.localcluster import LocalCluster
 from tests.test_adapter_kube import HOLDER, Cluster, hold_annotations, meta
 from tests.test_adapter_supervisor import _client_for, _closed_port, _Silent
 

@@ -10,9 +10,9 @@ from kubernetes import client as k8s
 
 from adapter.errors import NotFound, StaleHold
 from holdwarden.cli import main
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, Annotations
+from rig.builders import trainjob_body
+from rig.localcluster import LocalCluster
 
 A = Annotations("holdwarden.io")
 

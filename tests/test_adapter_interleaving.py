@@ -63,15 +63,6 @@ from adapter import Adapter, CallMeta, Config, Ref
 from adapter.errors import AdapterError, Conflict, NotFound, PodsRemain, Rejected, StaleHold
 from adapter.kube import Request
 from holdwarden.config import ReadmissionConfig
-from holdwarden.localcluster import (
-    ENFORCER_IDENTITY,
-    JOB_CONTROLLER_IDENTITY,
-    KUEUE_IDENTITY,
-    SUPERVISOR_IDENTITY,
-    TRAINER_IDENTITY,
-    LocalCluster,
-)
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import (
     JOBSET_NAME_LABEL,
     TRAINJOB,
@@ -86,6 +77,15 @@ from readmission.controller import (
     ReadmissionGate,
 )
 from readmission.decisions import GateAction
+from rig.builders import trainjob_body
+from rig.localcluster import (
+    ENFORCER_IDENTITY,
+    JOB_CONTROLLER_IDENTITY,
+    KUEUE_IDENTITY,
+    SUPERVISOR_IDENTITY,
+    TRAINER_IDENTITY,
+    LocalCluster,
+)
 from tests.actors import (
     DECIDED_ON_ANNOTATION,
     DECIDED_ON_WORKLOAD_ANNOTATION,

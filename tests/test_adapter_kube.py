@@ -34,9 +34,9 @@ from adapter.errors import (
 )
 from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
 from adapter.steps import Send
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from tests.adapters import BlockingAsyncAdapter
 from tests.netfaults import BufferingWatchProxy
 

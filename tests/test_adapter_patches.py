@@ -16,8 +16,8 @@ from kubernetes import client as k8s
 
 from adapter import decisions
 from adapter.patches import apply_merge_patch, operations, write_patch
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, Annotations
+from rig.builders import trainjob_body
 
 A = Annotations()
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

@@ -18,8 +18,6 @@ import pytest
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref, State
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
     CLUSTERQUEUE,
@@ -30,6 +28,8 @@ from holdwarden.vocabulary import (
     TRAINJOB,
     Annotations,
 )
+from rig.builders import trainjob_body
+from rig.localcluster import LocalCluster
 
 pytestmark = pytest.mark.controlplane
 

@@ -21,8 +21,8 @@ from adapter import Adapter, Config, Ref, State
 from adapter.errors import AdapterError, Invalid, NotFound, Rejected, Unreachable, Unsupported
 from adapter.kube import FIELD_MANAGER, Request
 from holdwarden.cli import main
-from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB
+from rig.localcluster import LocalCluster
 from tests.test_adapter_kube import A as KEYS
 from tests.test_adapter_kube import Cluster, hold_annotations, make, meta
 

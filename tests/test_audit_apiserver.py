@@ -30,9 +30,9 @@ from kubernetes.client.exceptions import ApiException
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from holdwarden.localcluster import EDITOR_USER, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from rig.builders import trainjob_body
+from rig.localcluster import EDITOR_USER, LocalCluster
 from tests.enforcer_tls import run_in_thread
 from tests.review_samples import review, trainjob
 from webhook.audit import read_audit

@@ -31,8 +31,8 @@ from kubernetes import client as k8s
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
-from holdwarden.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
 from holdwarden.vocabulary import TRAINJOB, event_reason
+from rig.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
 from tests.enforcer_tls import run_in_thread
 from tests.kustomize import render
 from tests.shipped_webhook import (

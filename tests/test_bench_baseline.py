@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from bench.adapter_bench import Bench
-from holdwarden.localcluster import LocalCluster
+from rig.localcluster import LocalCluster
 
 
 @pytest.mark.parametrize("mode", ["kueue", "plain"])

@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client as k8s
 
 from certs.enforcing import FAILURE_POLICY_ANNOTATION
-from holdwarden.localcluster import LocalCluster
+from rig.localcluster import LocalCluster
 from tests.enforcer_tls import Pki, ServeProcess
 from tests.shipped_webhook import local_registration, local_webhook
 

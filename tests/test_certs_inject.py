@@ -23,7 +23,7 @@ from certs.inject import MAX_ATTEMPTS, InjectError, inject_ca_bundle
 from certs.reload import ReloadingTLS
 from certs.rotate import prune, renew_serving, rotate_ca
 from holdwarden.cli import main
-from holdwarden.localcluster import LocalCluster
+from rig.localcluster import LocalCluster
 
 pytestmark = pytest.mark.controlplane
 

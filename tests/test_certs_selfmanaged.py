@@ -34,10 +34,10 @@ from certs.generate import fingerprint
 from certs.selfmanaged import SecretError, SelfManagedTLS, parse_secret
 from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.ports import free_port
 from holdwarden.vocabulary import TRAINJOB, Annotations
+from rig.builders import trainjob_body
+from rig.localcluster import LocalCluster
+from rig.localcluster.ports import free_port
 from tests.enforcer_tls import run_in_thread
 from tests.kustomize import render
 from tests.shipped_webhook import (

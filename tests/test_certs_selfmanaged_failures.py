@@ -18,8 +18,8 @@ from kubernetes import client as k8s
 from certs.selfmanaged import SelfManagedTLS
 from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.ports import free_port
+from rig.localcluster import LocalCluster
+from rig.localcluster.ports import free_port
 from tests.netfaults import FreezableProxy
 from tests.test_certs_selfmanaged import (
     config_for,

@@ -23,7 +23,7 @@ import yaml
 
 from holdwarden import __version__
 from holdwarden.config import Config
-from holdwarden.localcluster.binaries import BinariesUnavailable
+from rig.localcluster.binaries import BinariesUnavailable
 from tests.kustomize import render
 from tests.tool_binaries import ensure_helm
 from webhook import selftest

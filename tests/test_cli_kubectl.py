@@ -24,8 +24,8 @@ from adapter.errors import NotFound, Rejected, Unreachable
 from certs.generate import generate_client
 from holdwarden import kubeclient
 from holdwarden.cli import build_parser, kubectl_main, main
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
+from rig.builders import trainjob_body
+from rig.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import LocalCluster
 
 
 def test_creates_a_trainjob_through_the_official_client(

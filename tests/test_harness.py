@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from holdwarden.localcluster import reaper
+from rig.localcluster import reaper
 from tests.conftest import bounded_coroutine
 
 # -- asyncio budgets -------------------------------------------------------------------
@@ -102,7 +102,7 @@ def test_sweep_removes_only_dirs_of_dead_owners(tmp_path: Path) -> None:
 _OWNER = textwrap.dedent(
     """
     import json, sys, time
-    from holdwarden.localcluster import LocalCluster
+    from rig.localcluster import LocalCluster
     cluster = LocalCluster()
     cluster.start()
     print(json.dumps({"workdir": str(cluster.workdir),

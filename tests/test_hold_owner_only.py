@@ -21,9 +21,9 @@ from kubernetes.client.exceptions import ApiException
 
 from adapter import Adapter, CallMeta, Config, Ref
 from holdwarden.config import WebhookConfig
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations, RuleId
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from tests import policy_corpus as corpus
 from tests.test_policy_parity import LABEL, policy_only, webhook_only
 

@@ -42,10 +42,10 @@ from kubernetes.client.exceptions import ApiException
 from certs.enforcing import FAILURE_POLICY_ANNOTATION
 from holdwarden.config import CertificatesConfig
 from holdwarden.kubeclient import api_client
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body, workload_body
-from holdwarden.localcluster.ports import free_port
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import LocalCluster
+from rig.localcluster.ports import free_port
 from tests.kustomize import render
 from tests.test_chart import helm_template
 from tests.test_manifests_render import _call, _collection

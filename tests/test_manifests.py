@@ -16,8 +16,8 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.enforcing import FAILURE_POLICY_ANNOTATION
 from holdwarden.config import CertificatesConfig, Config, split_address
-from holdwarden.localcluster import LocalCluster
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from rig.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 
 from holdwarden.cli import build_parser
 from holdwarden.config import Config
-from holdwarden.localcluster import LocalCluster
+from rig.localcluster import LocalCluster
 from tests.kustomize import render
 from tests.test_manifests_render import NAMESPACE, _call, _collection, _find
 

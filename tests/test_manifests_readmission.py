@@ -10,8 +10,8 @@ import yaml
 from kubernetes import client as k8s
 
 from holdwarden.config import Config
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.rbac import ENFORCER_IDENTITY, IDENTITY_RBAC
+from rig.localcluster import LocalCluster
+from rig.localcluster.rbac import ENFORCER_IDENTITY, IDENTITY_RBAC
 
 COMPONENT = Path(__file__).resolve().parent.parent / "manifests" / "readmission"
 

@@ -25,8 +25,8 @@ from adapter import Adapter, CallMeta, Ref
 from adapter import kube as adapter_kube
 from adapter.errors import NotFound
 from holdwarden.config import Config
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
+from rig.builders import trainjob_body
+from rig.localcluster import LocalCluster
 from tests.kustomize import render
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client as k8s
 
 from holdwarden.config import Config
-from holdwarden.localcluster import LocalCluster
+from rig.localcluster import LocalCluster
 from webhook.policy import owner_only_manifest, rules_manifest
 
 ROOT = Path(__file__).resolve().parent.parent

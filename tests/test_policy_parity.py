@@ -35,9 +35,9 @@ from kubernetes.client.exceptions import ApiException
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from holdwarden.localcluster import EDITOR_USER, KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
 from holdwarden.vocabulary import DEFAULT_WORKLOAD_DELETERS, TRAINJOB, WORKLOAD, RuleId
+from rig.builders import trainjob_body
+from rig.localcluster import EDITOR_USER, KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
 from tests import policy_corpus as corpus
 from tests.test_webhook_e2e import _serve_in_thread
 from webhook.policy import binding, render_owner_only_policy, render_rules_policy

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from holdwarden.localcluster import ports
-from holdwarden.localcluster.ports import ephemeral_range, free_port
+from rig.localcluster import ports
+from rig.localcluster.ports import ephemeral_range, free_port
 
 
 def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:

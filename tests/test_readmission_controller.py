@@ -27,11 +27,11 @@ from prometheus_client import generate_latest
 from adapter import Adapter, CallMeta, Ref
 from adapter.errors import Conflict
 from holdwarden.config import Config
-from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from readmission.controller import ReadmissionGate
 from readmission.decisions import GateAction, granted_attempt
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
 from tests.actors import KueueActor, TrainerActor, Watcher, WatchEvent
 from tests.test_readmission_kube import check_name, gate_config
 

@@ -20,8 +20,6 @@ from adapter import Adapter, CallMeta, Ref
 from certs.bundle import write_cert_dir
 from certs.generate import generate_ca, generate_serving
 from holdwarden.config import Config, ReadmissionConfig
-from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from readmission.controller import (
     ADMISSION_CHECK_GROUP,
@@ -30,6 +28,8 @@ from readmission.controller import (
     ReadmissionGate,
 )
 from readmission.decisions import granted_attempt
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
 from tests.actors import KueueActor, TrainerActor
 from tests.netfaults import FreezableProxy
 

@@ -13,11 +13,11 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import generate_latest
 
-from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
 from holdwarden.vocabulary import WORKLOAD
 from readmission.controller import ReadmissionGate
 from readmission.decisions import GateAction, WorkerCount, decide_readmission
 from readmission.metrics import LONGEST_STALL, STALLED, GateMetrics, StallTracker
+from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
 from tests.test_readmission import CHECKS, NOTES, NOW, trainjob, workload
 from tests.test_readmission_kube import (  # the gate tests' fixtures and helpers
     Objects,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.scale_bench import Population, concurrent_holds, gate_at_scale, update_latency
-from holdwarden.localcluster import LocalCluster
+from rig.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 

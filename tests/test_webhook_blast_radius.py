@@ -50,7 +50,9 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.generate import generate_ca, generate_serving
 from holdwarden.config import Config
-from holdwarden.localcluster import (
+from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations, Resource
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import (
     EDITOR_USER,
     ENFORCER_IDENTITY,
     KUEUE_IDENTITY,
@@ -58,8 +60,6 @@ from holdwarden.localcluster import (
     TRAINER_IDENTITY,
     LocalCluster,
 )
-from holdwarden.localcluster.builders import trainjob_body, workload_body
-from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations, Resource
 from tests.shipped_webhook import (
     WEBHOOK_MANIFEST,
     shipped_match_conditions,

@@ -30,9 +30,9 @@ from kubernetes.client.exceptions import ApiException
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, WebhookConfig
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body, workload_body
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from rig.builders import trainjob_body, workload_body
+from rig.localcluster import LocalCluster
 from tests.enforcer_tls import run_in_thread
 from tests.shipped_webhook import (
     local_registration,
@@ -624,7 +624,7 @@ def test_adapter_preflight_detects_the_real_enforcer(
     """Preflight's dry-run probe is refused by this webhook where it is registered, and
     reported as not installed where it is not (a namespace outside its selector)."""
     from adapter import Adapter, Config
-    from holdwarden.localcluster import SUPERVISOR_IDENTITY
+    from rig.localcluster import SUPERVISOR_IDENTITY
 
     # Each mode probes with its own held kind: a Workload in Kueue mode (so no TrainJob
     # webhook, Trainer's or Kueue's, can answer first), a TrainJob in plain mode.

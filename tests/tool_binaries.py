@@ -7,7 +7,7 @@ version from its committed module in ``tools/<name>`` (go.mod/go.sum pin every d
 ``$HOLDWARDEN_CACHE``, beside kube-apiserver. ``HOLDWARDEN_HELM`` / ``HOLDWARDEN_KUSTOMIZE``
 may name a prebuilt binary instead (its version is then the caller's responsibility).
 
-Like holdwarden/localcluster/binaries.py: a build writes ``<name>.partial`` and renames it
+Like rig/localcluster/binaries.py: a build writes ``<name>.partial`` and renames it
 into place under a file lock, so an interrupted or concurrent build never leaves a
 half-written binary; with no Go and no binary it raises ``BinariesUnavailable``.
 """
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from holdwarden.localcluster.binaries import BinariesUnavailable, cache_dir
+from rig.localcluster.binaries import BinariesUnavailable, cache_dir
 
 TOOLS_DIR = Path(__file__).resolve().parent.parent / "tools"
 _MODULE_FILES = ("go.mod", "go.sum", "tools.go")

@@ -2,7 +2,7 @@
 kube-controller-manager, shared by the tests in this folder.
 
 The controllers run as their real service-account identities with their own admission
-webhooks registered (holdwarden/localcluster/controllers.py). If any of them cannot be
+webhooks registered (rig/localcluster/controllers.py). If any of them cannot be
 built or cannot start, the fixture fails the tests with that controller's log tail; it
 never skips them.
 
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.controllers import CONTROLLERS
+from rig.localcluster import LocalCluster
+from rig.localcluster.controllers import CONTROLLERS
 
 REAL_NAMESPACE_LABEL = "holdwarden-real-test"
 

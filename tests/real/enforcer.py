@@ -25,11 +25,11 @@ from kubernetes.client.exceptions import ApiException
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
-from holdwarden.localcluster import ENFORCER_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.realstory import make_admission_check
 from holdwarden.vocabulary import TRAINJOB, Annotations
 from readmission.controller import ReadmissionGate
+from rig.builders import trainjob_body
+from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
+from rig.localcluster.realstory import make_admission_check
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer

@@ -1,4 +1,4 @@
-"""Helpers for the real-controller stories, beside holdwarden/localcluster/realstory.py
+"""Helpers for the real-controller stories, beside rig/localcluster/realstory.py
 (which the demo shares): call metadata, pods by execution, and the checks every story
 ends with (no refusal of a controller, no denial in their logs)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from adapter import CallMeta
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.realstory import controller_refusals
+from rig.localcluster import LocalCluster
+from rig.localcluster.realstory import controller_refusals
 from tests.actors import WatchEvent
 from tests.real.enforcer import Enforcement
 

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from holdwarden.localcluster import LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.realstory import LOCAL_QUEUE, eventually, make_queues
 from holdwarden.vocabulary import JOB_UID_LABEL, JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD
+from rig.builders import trainjob_body
+from rig.localcluster import LocalCluster
+from rig.localcluster.realstory import LOCAL_QUEUE, eventually, make_queues
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 

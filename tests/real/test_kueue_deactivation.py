@@ -10,9 +10,9 @@ from kubernetes import client as k8s
 from adapter import Adapter
 from adapter.types import State
 from holdwarden.config import Config
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.realstory import (
+from rig.builders import trainjob_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
     condition,

@@ -24,9 +24,10 @@ from adapter import Adapter, Ref
 from adapter.types import State
 from holdwarden import objects as hw_objects
 from holdwarden.config import Config
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.realstory import (
+from holdwarden.vocabulary import Annotations
+from rig.builders import trainjob_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
     condition,
@@ -34,7 +35,6 @@ from holdwarden.localcluster.realstory import (
     make_queues,
     with_requests,
 )
-from holdwarden.vocabulary import Annotations
 from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import assert_no_false_positives, live_pod_sets, meta

@@ -33,11 +33,11 @@ from adapter import Adapter, Ref
 from adapter.errors import PodsRemain
 from adapter.types import State
 from holdwarden.config import Config
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.controllers import CONTROLLERS
-from holdwarden.localcluster.nodes import Nodes, ready_status, unreachable_taint
-from holdwarden.localcluster.realstory import (
+from rig.builders import trainjob_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from rig.localcluster.controllers import CONTROLLERS
+from rig.localcluster.nodes import Nodes, ready_status, unreachable_taint
+from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     NotWithin,
     Objects,

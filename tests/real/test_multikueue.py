@@ -36,11 +36,12 @@ from kubernetes import client as k8s
 from adapter import Adapter, Ref
 from adapter.types import State
 from holdwarden.config import Config
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.controllers import CONTROLLERS
-from holdwarden.localcluster.multikueue import connect_worker, wait_connected, worker_kubeconfig
-from holdwarden.localcluster.realstory import (
+from holdwarden.vocabulary import MULTIKUEUE_CONTROLLER, TRAINJOB
+from rig.builders import trainjob_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from rig.localcluster.controllers import CONTROLLERS
+from rig.localcluster.multikueue import connect_worker, wait_connected, worker_kubeconfig
+from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
     condition,
@@ -48,7 +49,6 @@ from holdwarden.localcluster.realstory import (
     make_queues,
     with_requests,
 )
-from holdwarden.vocabulary import MULTIKUEUE_CONTROLLER, TRAINJOB
 from tests.actors import Watcher
 from tests.netfaults import FreezableProxy
 from tests.real.enforcer import Enforcement, enforcement

@@ -18,10 +18,10 @@ from adapter import Adapter, Ref
 from adapter.errors import PodsRemain
 from adapter.types import State
 from holdwarden.config import Config
-from holdwarden.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.realstory import Objects, eventually, with_requests
 from holdwarden.vocabulary import Annotations
+from rig.builders import trainjob_body
+from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
+from rig.localcluster.realstory import Objects, eventually, with_requests
 from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import assert_no_false_positives, live_pod_sets, meta

@@ -16,16 +16,16 @@ from kubernetes import client as k8s
 from adapter import Adapter
 from adapter.types import State
 from holdwarden.config import Config
-from holdwarden.localcluster import EDITOR_USER, SUPERVISOR_IDENTITY, LocalCluster
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.realstory import (
+from holdwarden.vocabulary import TRAINJOB, Annotations
+from rig.builders import trainjob_body
+from rig.localcluster import EDITOR_USER, SUPERVISOR_IDENTITY, LocalCluster
+from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
     eventually,
     make_queues,
     with_requests,
 )
-from holdwarden.vocabulary import TRAINJOB, Annotations
 from tests.real.enforcer import Enforcement
 from tests.real.story import meta
 from tests.real.test_kueue_mode import enforced  # noqa: F401  (module fixture)

@@ -1,8 +1,8 @@
 """A real local control plane (etcd + kube-apiserver) for the tests and the demo."""
 
-from holdwarden.localcluster.binaries import Binaries, BinariesUnavailable, ensure_binaries
-from holdwarden.localcluster.cluster import ControlPlaneError, LocalCluster, running_cluster
-from holdwarden.localcluster.rbac import (
+from rig.localcluster.binaries import Binaries, BinariesUnavailable, ensure_binaries
+from rig.localcluster.cluster import ControlPlaneError, LocalCluster, running_cluster
+from rig.localcluster.rbac import (
     EDITOR_USER,
     ENFORCER_IDENTITY,
     JOB_CONTROLLER_IDENTITY,

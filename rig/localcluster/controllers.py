@@ -66,11 +66,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 
 from certs.generate import generate_client, generate_serving
-from holdwarden.localcluster.binaries import COMPONENTS, cache_dir, controller_binaries
-from holdwarden.localcluster.ports import free_port
+from rig.localcluster.binaries import COMPONENTS, cache_dir, controller_binaries
+from rig.localcluster.ports import free_port
 
 if TYPE_CHECKING:
-    from holdwarden.localcluster.cluster import LocalCluster
+    from rig.localcluster.cluster import LocalCluster
 
 CONTROLLERS = ("kueue", "trainer", "jobset", "kube-controller-manager")
 KUEUE_NAMESPACE = "kueue-system"
@@ -105,7 +105,7 @@ _PREFIXED_RESOURCES = {"mutatingwebhookconfigurations", "validatingwebhookconfig
 
 def _controlplane_error(message: str) -> Exception:
     # Imported here: cluster.py imports this module lazily, not the other way round.
-    from holdwarden.localcluster.cluster import ControlPlaneError
+    from rig.localcluster.cluster import ControlPlaneError
 
     return ControlPlaneError(message)
 
@@ -123,7 +123,7 @@ def upstream_crd_dir() -> Path:
         "kueue.x-k8s.io_": module_root("sigs.k8s.io/kueue", COMPONENTS["kueue"].version)
         / "config" / "components" / "crd" / "bases",
     }  # fmt: skip
-    from holdwarden.localcluster.cluster import CRD_FILES
+    from rig.localcluster.cluster import CRD_FILES
 
     versions = "-".join(COMPONENTS[name].version for name in ("kueue", "trainer"))
     target = cache_dir() / f"crds-{versions}"

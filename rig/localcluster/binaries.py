@@ -162,7 +162,7 @@ def build_kube_apiserver(log: bool = True) -> Path:
     """Build kube-apiserver into the cache once; concurrent callers wait on a file lock."""
     return _go_build(
         kube_apiserver_path(),
-        resources.files("holdwarden.localcluster") / "kubebuild",
+        resources.files("rig.localcluster") / "kubebuild",
         _KUBEBUILD_FILES,
         "k8s.io/kubernetes/cmd/kube-apiserver",
         _kubernetes_ldflags(),
@@ -227,7 +227,7 @@ COMPONENTS: dict[str, Component] = {
 
 
 def _module_source(component: Component) -> Traversable:
-    return resources.files("holdwarden.localcluster") / "controllerbuild" / component.module
+    return resources.files("rig.localcluster") / "controllerbuild" / component.module
 
 
 def controller_binary_path(component: Component) -> Path:

@@ -36,12 +36,12 @@ import yaml
 from kubernetes import client as k8s
 
 from certs.generate import generate_client
-from holdwarden.localcluster.binaries import COMPONENTS, controller_binaries
+from rig.localcluster.binaries import COMPONENTS, controller_binaries
 
 if TYPE_CHECKING:
     import subprocess
 
-    from holdwarden.localcluster.cluster import LocalCluster
+    from rig.localcluster.cluster import LocalCluster
 
 NODE_LABEL = "holdwarden.io/kwok-node"
 """Which kwok process plays a node (its value is the node's name)."""
@@ -61,7 +61,7 @@ _UNSCHEDULABLE_TAINTS = ("node.kubernetes.io/not-ready", UNREACHABLE_TAINT)
 
 
 def _controlplane_error(message: str) -> Exception:
-    from holdwarden.localcluster.cluster import ControlPlaneError
+    from rig.localcluster.cluster import ControlPlaneError
 
     return ControlPlaneError(message)
 
@@ -242,7 +242,7 @@ def _node_body(name: str, index: int) -> dict[str, Any]:
 
 def start_nodes(cluster: LocalCluster, count: int) -> Nodes:
     """The scheduler and ``count`` kwok nodes (``kwok-0`` ...), all Ready; see the module."""
-    from holdwarden.localcluster.controllers import module_root
+    from rig.localcluster.controllers import module_root
 
     binaries = controller_binaries(("kube-scheduler", "kwok"))
     kwok_root = module_root("sigs.k8s.io/kwok", COMPONENTS["kwok"].version)

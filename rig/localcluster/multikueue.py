@@ -19,15 +19,15 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from holdwarden.localcluster.cluster import LocalCluster
-from holdwarden.localcluster.controllers import KUEUE_NAMESPACE
-from holdwarden.localcluster.realstory import eventually
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
     MULTIKUEUE_CONTROLLER,
     MULTIKUEUE_KUBECONFIG_KEY,
     MULTIKUEUECLUSTER,
 )
+from rig.localcluster.cluster import LocalCluster
+from rig.localcluster.controllers import KUEUE_NAMESPACE
+from rig.localcluster.realstory import eventually
 
 WORKER_ACCOUNT = "multikueue-worker"
 _TOKEN_SECONDS = 48 * 3600

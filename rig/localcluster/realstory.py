@@ -39,14 +39,14 @@ it (one with empty ``onFlavors`` means "all flavors"), so it is admitted past th
 readmission gate."""
 
 
-# The real controllers' service-account namespaces (holdwarden/localcluster/controllers.py):
+# The real controllers' service-account namespaces (rig/localcluster/controllers.py):
 # the enforcer must never refuse a write of any identity in them.
 CONTROLLER_USER_PREFIXES = (
     "system:serviceaccount:kube-system:",
     "system:serviceaccount:kueue-system:",
     "system:serviceaccount:kubeflow-system:",
     "system:serviceaccount:jobset-system:",
-    # With nodes (holdwarden/localcluster/nodes.py): the scheduler and the kwok kubelets.
+    # With nodes (rig/localcluster/nodes.py): the scheduler and the kwok kubelets.
     "system:kube-scheduler",
     "holdwarden:kwok",
 )

@@ -41,14 +41,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes import client as k8s
 
 from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
-from holdwarden.localcluster.binaries import Binaries, ensure_binaries
-from holdwarden.localcluster.ports import free_port
-from holdwarden.localcluster.rbac import IDENTITY_RBAC
-from holdwarden.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
+from rig.localcluster.binaries import Binaries, ensure_binaries
+from rig.localcluster.ports import free_port
+from rig.localcluster.rbac import IDENTITY_RBAC
+from rig.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
 
 if TYPE_CHECKING:
-    from holdwarden.localcluster.controllers import RealControllers
-    from holdwarden.localcluster.nodes import Nodes
+    from rig.localcluster.controllers import RealControllers
+    from rig.localcluster.nodes import Nodes
 
 # With nodes: how long a pod tolerates its node being not-ready or unreachable before the
 # taint-eviction controller deletes it (DefaultTolerationSeconds; production: 300 s).
@@ -125,7 +125,7 @@ class LocalCluster:
         self.node_count = nodes
         self.nodes: Nodes | None = None
         self._requested_workdir = workdir
-        # Real controllers to run after start-up (holdwarden/localcluster/controllers.py).
+        # Real controllers to run after start-up (rig/localcluster/controllers.py).
         self._controller_names = tuple(controllers)
         self.controllers: RealControllers | None = None
         self._crd_dir = crd_dir
@@ -173,7 +173,7 @@ class LocalCluster:
             # The real controllers need the real schemas (their defaults above all: Trainer's
             # webhook refuses a runtime whose replicas the minimal CRD left at 0). Without
             # ../shared, take the same files from the controllers' own Go modules.
-            from holdwarden.localcluster.controllers import upstream_crd_dir
+            from rig.localcluster.controllers import upstream_crd_dir
 
             crd_dir, self.crd_kind = upstream_crd_dir(), "upstream (Go modules)"
         if self._requested_workdir is not None:
@@ -302,12 +302,12 @@ class LocalCluster:
             path.chmod(0o600)
 
     def _start_nodes(self) -> None:
-        from holdwarden.localcluster.nodes import start_nodes
+        from rig.localcluster.nodes import start_nodes
 
         self.nodes = start_nodes(self, self.node_count)
 
     def _start_controllers(self) -> None:
-        from holdwarden.localcluster.controllers import start_controllers
+        from rig.localcluster.controllers import start_controllers
 
         self.controllers = start_controllers(self, self._controller_names)
 

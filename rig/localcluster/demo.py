@@ -40,16 +40,17 @@ from kubernetes import client as k8s
 from adapter import Adapter, CallMeta
 from adapter.errors import AdapterError, PodsRemain
 from holdwarden.config import Config, ReadmissionConfig
-from holdwarden.localcluster import (
+from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from rig.builders import kueue_workload_body, trainjob_body
+from rig.localcluster import (
     EDITOR_USER,
     ENFORCER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     LocalCluster,
 )
-from holdwarden.localcluster.builders import kueue_workload_body, trainjob_body
-from holdwarden.localcluster.ports import free_port
-from holdwarden.localcluster.realstory import (
+from rig.localcluster.ports import free_port
+from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
     condition,
@@ -59,7 +60,6 @@ from holdwarden.localcluster.realstory import (
     make_queues,
     with_requests,
 )
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 
 DEMO_LABEL = "holdwarden-demo"
 WEBHOOK_CONFIG = "holdwarden-enforcer"
@@ -424,7 +424,7 @@ def _readmission_gate(cluster: LocalCluster) -> Iterator[str]:
 
 
 def _run_lost_node() -> int:
-    from holdwarden.localcluster.demo_lostnode import NODES, lost_node_story
+    from rig.localcluster.demo_lostnode import NODES, lost_node_story
 
     say(
         f"Starting a local control plane with the real controllers and {NODES} kwok nodes "
@@ -460,7 +460,7 @@ def run_demo(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="holdwarden-demo-"))
     controllers: tuple[str, ...] = ()
     if real:
-        from holdwarden.localcluster.controllers import CONTROLLERS
+        from rig.localcluster.controllers import CONTROLLERS
 
         controllers = CONTROLLERS
         print(f"   with the real {', '.join(CONTROLLERS)} (the first run builds them)")

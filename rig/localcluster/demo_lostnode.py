@@ -21,12 +21,12 @@ from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta
 from holdwarden.config import Config
-from holdwarden.localcluster.builders import trainjob_body
-from holdwarden.localcluster.cluster import LocalCluster
-from holdwarden.localcluster.controllers import CONTROLLERS
-from holdwarden.localcluster.nodes import ready_status, unreachable_taint
-from holdwarden.localcluster.rbac import SUPERVISOR_IDENTITY
-from holdwarden.localcluster.realstory import (
+from rig.builders import trainjob_body
+from rig.localcluster.cluster import LocalCluster
+from rig.localcluster.controllers import CONTROLLERS
+from rig.localcluster.nodes import ready_status, unreachable_taint
+from rig.localcluster.rbac import SUPERVISOR_IDENTITY
+from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     Objects,
     eventually,
@@ -45,7 +45,7 @@ def _meta(instance: int | None = None) -> CallMeta:
 
 def lost_node_story(workdir: Path) -> None:
     """Run the story, narrated with demo.py's ``say`` and ``show``."""
-    from holdwarden.localcluster import demo
+    from rig.localcluster import demo
 
     began = time.monotonic()
 

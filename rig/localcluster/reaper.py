@@ -92,7 +92,7 @@ class Reaper:
     """The owner's handle on a reaper process for ``workdir``."""
 
     def __init__(self, workdir: Path, remove_dir: bool = True) -> None:
-        command = [sys.executable, "-m", "holdwarden.localcluster.reaper", str(workdir)]
+        command = [sys.executable, "-m", "rig.localcluster.reaper", str(workdir)]
         if not remove_dir:
             command.append("--keep-dir")  # a directory the caller chose is the caller's
         self._process = subprocess.Popen(

@@ -1,0 +1,7 @@
+"""``python -m rig.localcluster``: find or build the control plane's binaries."""
+
+import sys
+
+from rig.localcluster.binaries import main
+
+sys.exit(main())
