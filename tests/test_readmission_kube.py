@@ -409,7 +409,8 @@ def test_holdwarden_serve_runs_the_gate_when_enabled(
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 20
+        # Bounds for a busy machine (the full suite under two busy loops took 20 s here).
+        deadline = time.monotonic() + 60
         while objects.check(check_name)["state"] != "Ready":
             assert server.poll() is None, server.communicate()[0].decode()[-3000:]
             assert time.monotonic() < deadline, "serve's gate never marked the check Ready"
@@ -418,6 +419,7 @@ def test_holdwarden_serve_runs_the_gate_when_enabled(
         # The gate's metrics are on the enforcer's /metrics. The counter moves once the
         # gate's write has returned, which can be a moment after the check reads Ready.
         mark_ready = 'holdwarden_readmission_reconciles_total{outcome="mark-ready"}'
+        deadline = time.monotonic() + 30  # its own bound, not what the Ready wait left
         while True:
             url = f"http://127.0.0.1:{ports[1]}/metrics"
             with urllib.request.urlopen(url, timeout=10) as got:
