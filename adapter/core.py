@@ -93,6 +93,10 @@ from holdwarden.vocabulary import (
 MAX_RETRIES = 8
 CALL_BOUND_MARGIN = timedelta(seconds=5)
 START_POLL_INTERVAL_S = 0.1
+# While Start waits for Kueue to make the Workload, each poll GETs the names Kueue gives
+# it; only every this many polls (about once a second) does it also LIST by label, for a
+# Workload named otherwise, so waiting costs no LIST over the namespace ten times a second.
+START_POLLS_PER_LIST = 10
 
 Clock = Callable[[], datetime]
 
@@ -280,9 +284,12 @@ class AdapterCore:
             f"start {ref}: the TrainJob was created but its Workload did not appear before the"
             " deadline (is Kueue running and the queue-name label right?)"
         )
+        polls = 0
         while True:
+            polls += 1
+            by_label = polls % START_POLLS_PER_LIST == 0
             try:
-                workload = yield from self._discover_workload(ref, uid, deadline)
+                workload = yield from self._discover_workload(ref, uid, deadline, by_label)
             except DeadlinePassed as exc:
                 raise DeadlinePassed(timed_out) from exc
             if workload is not None:
@@ -701,8 +708,49 @@ class AdapterCore:
         return (yield from self._discover_workload(ref, uid, deadline))
 
     def _discover_workload(
-        self, ref: Ref, uid: str, deadline: datetime | None
+        self, ref: Ref, uid: str, deadline: datetime | None, by_label: bool = True
     ) -> Operation[Obj | None]:
+        """The live Workload the TrainJob with ``uid`` controls, or None; remembered for the
+        next call.
+
+        First a GET of each name Kueue gives it (``objects.kueue_workload_names``): its
+        cost does not grow with the namespace, where the label-selected LIST makes the
+        apiserver filter every Workload there (at 100,000 Workloads, 1,000 concurrent
+        Holds' LISTs overran their deadlines). Only when no predicted name holds the
+        TrainJob's Workload does the LIST run (unless ``by_label`` is false), so a Workload
+        named otherwise (another Kueue version, workload slicing) is still found."""
+        workload = yield from self._workload_by_kueue_name(ref, uid, deadline)
+        if workload is None and by_label:
+            workload = yield from self._workload_by_label(ref, uid, deadline)
+        if workload is None:
+            return None
+        # A list response's items carry no apiVersion/kind; a write's body needs them.
+        workload.setdefault("apiVersion", WORKLOAD.api_version)
+        workload.setdefault("kind", WORKLOAD.kind)
+        self._workloads[ref] = (uid, str(objects.name(workload)))
+        return workload
+
+    def _workload_by_kueue_name(
+        self, ref: Ref, uid: str, deadline: datetime | None
+    ) -> Operation[dict[str, Any] | None]:
+        """The TrainJob's live Workload under a name Kueue would give it, or None. An API
+        error of these GETs (404, or 403 for a role with ``list`` but not ``get``) is a
+        miss for the LIST to settle; a transport failure or a passed deadline is the
+        call's."""
+        names = objects.kueue_workload_names(ref.name, uid)
+        answers = yield from self._send_all(
+            [_get_request(WORKLOAD, ref.namespace, name) for name in names], deadline
+        )
+        for answer in answers:
+            if isinstance(answer, AdapterError):
+                raise answer
+            if isinstance(answer, dict) and _live_workload_of(answer, uid):
+                return answer
+        return None
+
+    def _workload_by_label(
+        self, ref: Ref, uid: str, deadline: datetime | None
+    ) -> Operation[dict[str, Any] | None]:
         """List Workloads labelled job-uid=<uid> and keep the one the TrainJob controls."""
         req = Request("list", WORKLOAD.plural, ref.namespace)
         http = Http(
@@ -720,11 +768,7 @@ class AdapterCore:
         if len(owned) > 1:
             names = sorted(str(objects.name(w)) for w in owned)
             raise Rejected(f"{ref} has several Workloads {names}; refusing to guess")
-        workload: Obj = owned[0]
-        # The list response's items carry no apiVersion/kind; a write's body needs them.
-        workload.setdefault("apiVersion", WORKLOAD.api_version)
-        workload.setdefault("kind", WORKLOAD.kind)
-        self._workloads[ref] = (uid, str(objects.name(workload)))
+        workload: dict[str, Any] = owned[0]
         return workload
 
     def _forget_workload(self, namespace: str, name: str) -> None:

@@ -200,7 +200,7 @@ class Bench:
             tj = self.custom.create_namespaced_custom_object(*self.coords(TRAINJOB), body)
             self.custom.create_namespaced_custom_object(
                 *self.coords(WORKLOAD),
-                kueue_workload_body(tj, f"trainjob-{name}-bench", queue="user-queue"),
+                kueue_workload_body(tj, queue="user-queue"),
             )
         else:
             self.adapter.start(body, self.meta())

@@ -50,7 +50,7 @@ from kubernetes import client as k8s  # noqa: E402
 from adapter import CallMeta, Config, Ref  # noqa: E402
 from adapter.aio import AsyncAdapter  # noqa: E402
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations  # noqa: E402
-from rig.builders import trainjob_body, workload_body  # noqa: E402
+from rig.builders import kueue_workload_body, trainjob_body, workload_body  # noqa: E402
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster  # noqa: E402
 
 A = Annotations()
@@ -75,12 +75,11 @@ class Population:
         made: Any = api.create_namespaced_custom_object(
             TRAINJOB.group, TRAINJOB.version, self.namespace, TRAINJOB.plural, tj
         )
-        wl_name = f"trainjob-{name}-{made['metadata']['uid'][:5]}"
+        wl = kueue_workload_body(made, queue="user-queue")
         api.create_namespaced_custom_object(
-            WORKLOAD.group, WORKLOAD.version, self.namespace, WORKLOAD.plural,
-            workload_body(wl_name, trainjob=made),
+            WORKLOAD.group, WORKLOAD.version, self.namespace, WORKLOAD.plural, wl
         )  # fmt: skip
-        return name, wl_name
+        return name, wl["metadata"]["name"]
 
     def grow_to(self, size: int, threads: int = 8) -> float:
         """Create objects until there are ``size`` of each; returns the seconds it took."""

@@ -31,6 +31,7 @@ come from JSON); the ``Mapping`` ABC check costs about a microsecond a call.
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -137,6 +138,36 @@ def job_uid_selector(trainjob_uid: str) -> str:
     """The label selector of the Workloads Kueue made for the TrainJob with that uid (the
     label alone does not make a Workload the TrainJob's: ``controlled_by`` does)."""
     return f"{JOB_UID_LABEL}={trainjob_uid}"
+
+
+# Kueue names the Workload of a job "<kind>-<job name>-<hash>" (jobframework's
+# workload_names.go in v0.19.2): the prefix is cut to fit the name limit, and the hash is
+# the first five hex digits of SHA-1 over kind, group, job name and uid, joined by line
+# feeds. The limit is 253, or 63 with its ShortWorkloadNames feature gate (alpha, off by
+# default), so both spellings are candidates.
+_KUEUE_NAME_HASH_LENGTH = 5
+_KUEUE_NAME_LIMITS = (253, 63)
+
+
+def kueue_workload_names(trainjob_name: str, trainjob_uid: str) -> tuple[str, ...]:
+    """The names Kueue gives the Workload of the TrainJob ``trainjob_name`` with uid
+    ``trainjob_uid``, the default spelling first, without repeats.
+
+    A prediction, not a fact: a reader GETs these names first because a GET by name costs
+    the same at any cluster size, where a label-selected LIST makes the apiserver filter every
+    Workload of the namespace. Whatever a GET returns must still pass ``controlled_by`` (a
+    name alone does not make a Workload the TrainJob's), and a miss falls back to the LIST
+    (another Kueue version, or workload slicing, may name it otherwise)."""
+    text = "\n".join((TRAINJOB.kind, TRAINJOB.group, trainjob_name, trainjob_uid))
+    digest = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+    suffix = digest[:_KUEUE_NAME_HASH_LENGTH]
+    prefix = f"{TRAINJOB.kind.lower()}-{trainjob_name}"
+    names: list[str] = []
+    for limit in _KUEUE_NAME_LIMITS:
+        name = f"{prefix[: limit - 1 - _KUEUE_NAME_HASH_LENGTH]}-{suffix}"
+        if name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 # ---- hold and start-gate annotations ----------------------------------------------------

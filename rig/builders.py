@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from holdwarden.objects import kueue_workload_names
 from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD
 
 # The upstream ClusterTrainingRuntime the local control plane installs.
@@ -98,8 +99,12 @@ def workload_body(
 
 
 def kueue_workload_body(
-    trainjob: dict[str, Any], name: str, *, queue: str, **pod_set: Any
+    trainjob: dict[str, Any], name: str | None = None, *, queue: str, **pod_set: Any
 ) -> dict[str, Any]:
-    """The Workload Kueue creates for ``trainjob`` in ``queue`` (``pod_set``: ``count``,
-    ``requests``, ``image`` as ``workload_body`` takes them)."""
+    """The Workload Kueue creates for ``trainjob`` (as the API server returned it, with its
+    uid) in ``queue``, under the name Kueue gives it unless ``name`` is given (``pod_set``:
+    ``count``, ``requests``, ``image`` as ``workload_body`` takes them)."""
+    if name is None:
+        meta = trainjob["metadata"]
+        name = kueue_workload_names(meta["name"], meta["uid"])[0]
     return workload_body(name, trainjob=trainjob, queue=queue, **pod_set)

@@ -437,7 +437,6 @@ class KueueActor(_Actor):
         name = trainjob["metadata"]["name"]
         body: Obj = kueue_workload_body(
             trainjob,
-            f"trainjob-{name}-{secrets.token_hex(3)[:5]}",
             queue=queue,
             count=2,
             requests={"cpu": "1"},

@@ -34,8 +34,9 @@ from adapter.errors import (
 )
 from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
 from adapter.steps import Send
+from holdwarden.objects import kueue_workload_names
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from rig.builders import trainjob_body, workload_body
+from rig.builders import kueue_workload_body, trainjob_body, workload_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from tests.adapters import BlockingAsyncAdapter
 from tests.netfaults import BufferingWatchProxy
@@ -116,10 +117,10 @@ class Cluster:
         )
 
     def create_workload(self, trainjob: dict[str, Any], name: str | None = None) -> Any:
-        """As Kueue does: label job-uid + controller ownerReference."""
-        wl_name = name or f"trainjob-{trainjob['metadata']['name']}-{uuid.uuid4().hex[:5]}"
+        """As Kueue does: label job-uid + controller ownerReference, and Kueue's name
+        unless ``name`` is given (a Workload found only by its label)."""
         return self.kueue.create_namespaced_custom_object(
-            *self.wl_args(), workload_body(wl_name, trainjob=trainjob)
+            *self.wl_args(), kueue_workload_body(trainjob, name, queue="user-queue")
         )
 
     def kueue_job(self, name: str) -> tuple[Ref, str]:
@@ -411,6 +412,54 @@ def test_kueue_rediscovers_a_replaced_workload(
     assert hold_annotations(kc.workload(new["metadata"]["name"]))[A.hold_instance] == "2"
 
 
+def workload_requests(adapter: Adapter) -> list[tuple[str, str | None]]:
+    return [(r.verb, r.name) for r in adapter.request_log if r.resource == WORKLOAD.plural]
+
+
+def test_kueue_finds_the_workload_by_kueues_name_without_a_list(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """A GET by the name Kueue gives, not a LIST that grows with the namespace."""
+    ref, wl_name = kc.kueue_job("job")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(ref, meta(1), "r")
+    assert hold_annotations(kc.workload(wl_name))[A.hold_instance] == "1"
+    reads = [r for r in workload_requests(adapter) if r[0] in ("get", "list")]
+    assert reads and set(reads) == {("get", wl_name)}
+
+
+def test_kueue_finds_a_workload_named_otherwise_by_its_label(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """A Workload under another name (another Kueue version, workload slicing) is found
+    by the LIST once the predicted name misses."""
+    tj = kc.create_trainjob("job", queue="user-queue")
+    kc.create_workload(tj, name="named-otherwise")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(Ref(kc.ns, "job"), meta(1), "r")
+    assert hold_annotations(kc.workload("named-otherwise"))[A.hold_instance] == "1"
+    predicted = kueue_workload_names("job", tj["metadata"]["uid"])[0]
+    reads = [r for r in workload_requests(adapter) if r[0] in ("get", "list")]
+    assert reads[:2] == [("get", predicted), ("list", "")]
+    assert [verb for verb, _ in reads].count("list") == 1, "found once, then remembered"
+
+
+def test_kueue_does_not_take_a_workload_of_kueues_name_that_is_not_the_trainjobs(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    """The predicted name alone does not make a Workload the TrainJob's: one owned by
+    another TrainJob, under exactly that name, is left alone and the LIST decides."""
+    tj = kc.create_trainjob("job", queue="user-queue")
+    other = kc.create_trainjob("other", queue="user-queue")
+    predicted = kueue_workload_names("job", tj["metadata"]["uid"])[0]
+    kc.create_workload(other, name=predicted)
+    kc.create_workload(tj, name="the-real-one")
+    adapter = make(cluster, supervisor_client, "kueue")
+    adapter.hold(Ref(kc.ns, "job"), meta(1), "r")
+    assert hold_annotations(kc.workload("the-real-one"))[A.hold_instance] == "1"
+    assert not hold_annotations(kc.workload(predicted))
+
+
 def test_start_waits_for_the_workload(
     cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
 ) -> None:
@@ -434,6 +483,30 @@ def test_start_waits_for_the_workload(
     before = adapter.request_count
     adapter.hold(ref, meta(1), "r")  # Workload found by Start is cached: no LIST
     assert adapter.request_count - before == 3
+    # While it waited, Start polled by Kueue's name; a LIST at most once a second.
+    polls = workload_requests(adapter)
+    assert polls.count(("list", "")) <= polls.count(("get", polls[0][1])) // 10 + 1
+
+
+def test_start_finds_a_workload_named_otherwise_within_a_second_or_two(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "kueue")
+    body = trainjob_body("renamed", queue="user-queue")
+    body["metadata"]["namespace"] = kc.ns
+
+    def kueue_creates_the_workload() -> None:
+        time.sleep(0.3)
+        kc.create_workload(kc.trainjob("renamed"), name="renamed-elsewhere")
+
+    actor = threading.Thread(target=kueue_creates_the_workload)
+    actor.start()
+    ref = adapter.start(body, meta(seconds=15))
+    actor.join()
+    assert ref == Ref(kc.ns, "renamed")
+    assert ("list", "") in workload_requests(adapter), "found by its label"
+    adapter.hold(ref, meta(1), "r")
+    assert hold_annotations(kc.workload("renamed-elsewhere"))[A.hold_instance] == "1"
 
 
 def test_start_times_out_at_the_deadline_without_workload(
@@ -1006,7 +1079,8 @@ def test_deadline_expiring_between_read_and_write_sends_no_write(
     with pytest.raises(Rejected, match="deadline passed"):
         adapter.hold(ref, meta(1, seconds=10), "r")
     assert updates(adapter) == []
-    assert [r.verb for r in list(adapter.request_log)[before:]] == ["get", "list"]
+    # The TrainJob, then its Workload under the name Kueue gave it: no LIST.
+    assert [r.verb for r in list(adapter.request_log)[before:]] == ["get", "get"]
     assert adapter.request_count - before == 2
     assert kc.workload(wl_name)["metadata"]["resourceVersion"] == rv
 

@@ -230,6 +230,52 @@ def test_job_uid_selector() -> None:
     assert objects.job_uid_selector("u-1") == "kueue.x-k8s.io/job-uid=u-1"
 
 
+# Vectors printed by Kueue v0.19.2's own jobframework.GetWorkloadNameForOwnerWithGVK for
+# the TrainJob GVK: (name, uid, default name, name with its ShortWorkloadNames gate on).
+KUEUE_V0_19_2_NAMES = [
+    ("job", "3f0b1c6e-2a7d-4e59-9a51-0c8f2d6b7e41", "trainjob-job-8f725", "trainjob-job-8f725"),
+    (
+        "llama-70b-finetune",
+        "00000000-0000-0000-0000-000000000001",
+        "trainjob-llama-70b-finetune-709ff",
+        "trainjob-llama-70b-finetune-709ff",
+    ),
+    (
+        "a" * 60,
+        "5c1e2b9a-7f3d-4c8e-b1a2-9d0e3f4a5b6c",
+        "trainjob-" + "a" * 60 + "-2edf7",
+        "trainjob-" + "a" * 48 + "-2edf7",
+    ),
+    (
+        "b" * 250,
+        "5c1e2b9a-7f3d-4c8e-b1a2-9d0e3f4a5b6c",
+        "trainjob-" + "b" * 238 + "-5369a",
+        "trainjob-" + "b" * 48 + "-5369a",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "uid", "default", "short"), KUEUE_V0_19_2_NAMES)
+def test_kueue_workload_names_match_kueues(name: str, uid: str, default: str, short: str) -> None:
+    names = objects.kueue_workload_names(name, uid)
+    assert names[0] == default, "the default spelling comes first"
+    assert short in names
+    assert len(names) == len(set(names)) == (1 if default == short else 2)
+
+
+@given(
+    name=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=253),
+    uid=st.uuids().map(str),
+)
+def test_property_kueue_workload_names_fit_both_limits(name: str, uid: str) -> None:
+    names = objects.kueue_workload_names(name, uid)
+    assert names[0].startswith("trainjob-") and len(names[0]) <= 253
+    assert all(len(n) <= 253 for n in names) and min(len(n) for n in names) <= 63
+    # One name when the prefix fits both limits; both spellings share the hash.
+    assert (len(names) == 1) == (len("trainjob-" + name) <= 63 - 6)
+    assert len({n[-6:] for n in names}) == 1
+
+
 # ---- status.admissionChecks ----------------------------------------------------------------
 
 

@@ -216,10 +216,7 @@ def _play_kueue(api: k8s.ApiClient, namespace: str, name: str) -> threading.Thre
                 time.sleep(0.05)
         else:
             return
-        uid = job["metadata"]["uid"]
-        body = kueue_workload_body(
-            job, f"trainjob-{name}-{uid[:5]}", queue="team-a", count=2, image="pytorch"
-        )
+        body = kueue_workload_body(job, queue="team-a", count=2, image="pytorch")
         custom.create_namespaced_custom_object(
             WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, body
         )

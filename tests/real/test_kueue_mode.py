@@ -24,7 +24,7 @@ from adapter import Adapter, Ref
 from adapter.types import State
 from holdwarden import objects as hw_objects
 from holdwarden.config import Config
-from holdwarden.vocabulary import Annotations
+from holdwarden.vocabulary import JOB_UID_LABEL, Annotations
 from rig.builders import trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from rig.localcluster.realstory import (
@@ -97,6 +97,12 @@ def test_kueue_mode_hold_and_release_on_the_real_controllers(
         workload = objects.workload()
         assert workload is not None
         workload_uid = workload["metadata"]["uid"]
+        # The real Kueue names the Workload as holdwarden predicts (so a Hold finds it with
+        # one GET, not a LIST over the namespace), and the test actors name it the same.
+        trainjob_uid = workload["metadata"]["labels"][JOB_UID_LABEL]
+        assert (
+            workload["metadata"]["name"] == hw_objects.kueue_workload_names("job", trainjob_uid)[0]
+        )
         kept = objects.keep(objects.pods()[0])
 
         adapter.hold(ref, meta(1), "node lost")
