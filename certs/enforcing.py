@@ -25,8 +25,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from holdwarden.config import Config
+from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
 
-FAILURE_POLICY_ANNOTATION = "holdwarden.io/failure-policy"
 POLICIES = ("Fail", "Ignore")
 DEFAULT_POLICY = "Fail"
 

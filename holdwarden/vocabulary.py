@@ -67,6 +67,13 @@ MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 # The key of a MultiKueueCluster's kubeconfig Secret (in Kueue's namespace) that holds it.
 MULTIKUEUE_KUBECONFIG_KEY = "kubeconfig"
 
+# On the ValidatingWebhookConfiguration: the failurePolicy its webhooks are to have once
+# the leader has verified the enforcer answers (certs/enforcing.py). The manifests ship
+# Ignore plus this annotation, so a fresh install never refuses writes to an enforcer that
+# is not serving yet. Not under the configurable annotation prefix: it names a setting of
+# holdwarden's own install, not a mark on a user's object.
+FAILURE_POLICY_ANNOTATION = "holdwarden.io/failure-policy"
+
 
 @dataclass(frozen=True)
 class Annotations:

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
+
 WEBHOOK_MANIFEST = Path(__file__).resolve().parent.parent / "manifests" / "webhook.yaml"
 
 
@@ -22,7 +24,7 @@ def shipped_webhook() -> dict[str, Any]:
     document = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
     (hook,) = document["webhooks"]
     assert hook["failurePolicy"] == "Ignore", "shipped Ignore until verified"
-    wanted = document["metadata"]["annotations"]["holdwarden.io/failure-policy"]
+    wanted = document["metadata"]["annotations"][FAILURE_POLICY_ANNOTATION]
     return copy.deepcopy(dict(hook, failurePolicy=wanted))
 
 

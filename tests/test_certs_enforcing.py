@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from certs.enforcing import FAILURE_POLICY_ANNOTATION
+from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
 from rig.localcluster import LocalCluster
 from tests.enforcer_tls import Pki, ServeProcess
 from tests.shipped_webhook import local_registration, local_webhook

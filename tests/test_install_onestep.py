@@ -39,10 +39,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.enforcing import FAILURE_POLICY_ANNOTATION
 from holdwarden.config import CertificatesConfig
 from holdwarden.kubeclient import api_client
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION, TRAINJOB, WORKLOAD, Annotations
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import LocalCluster
 from rig.localcluster.ports import free_port

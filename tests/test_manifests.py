@@ -14,9 +14,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.enforcing import FAILURE_POLICY_ANNOTATION
 from holdwarden.config import CertificatesConfig, Config, split_address
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION, TRAINJOB, WORKLOAD
 from rig.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from certs.enforcing import FAILURE_POLICY_ANNOTATION
 from holdwarden.config import CertificatesConfig, Config
+from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
 from tests.kustomize import render
 
 ROOT = Path(__file__).resolve().parent.parent
