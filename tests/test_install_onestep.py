@@ -162,25 +162,7 @@ def token_kubeconfig(cluster: LocalCluster, api: k8s.ApiClient, path: Path) -> P
         .status
     )
     assert status is not None and status.token
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.server_url,
-                    "certificate-authority": str(cluster.workdir / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": "holdwarden", "user": {"token": str(status.token)}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "holdwarden"}}],
-        "current-context": "local",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return cluster.user_kubeconfig(path, "holdwarden", {"token": str(status.token)})
 
 
 def assert_the_probe_role_creates_dry_runs_only(

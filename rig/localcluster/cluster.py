@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import json
@@ -70,6 +71,44 @@ CRD_FILES = (
 
 class ControlPlaneError(RuntimeError):
     """The local control plane could not start; the message carries the server's logs."""
+
+
+def kubeconfig_document(
+    server_url: str,
+    user_name: str,
+    credentials: dict[str, str],
+    *,
+    ca_path: Path | None = None,
+    ca_pem: bytes | None = None,
+    cluster_name: str = "local",
+) -> dict[str, Any]:
+    """A kubeconfig of one cluster, one user and the context joining them, current. The CA
+    is a file (``ca_path``) or, for a kubeconfig that travels (a Secret), inline (``ca_pem``).
+    ``credentials`` is the user's entry: client-certificate and client-key, or token."""
+    if (ca_path is None) == (ca_pem is None):
+        raise ValueError("kubeconfig_document: give exactly one of ca_path and ca_pem")
+    cluster: dict[str, str] = {"server": server_url}
+    if ca_path is not None:
+        cluster["certificate-authority"] = str(ca_path)
+    else:
+        assert ca_pem is not None
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
+    context = {"cluster": cluster_name, "user": user_name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster_name, "cluster": cluster}],
+        "users": [{"name": user_name, "user": dict(credentials)}],
+        "contexts": [{"name": cluster_name, "context": context}],
+        "current-context": cluster_name,
+    }
+
+
+def write_kubeconfig(path: Path, document: dict[str, Any]) -> Path:
+    """Write ``document`` to ``path``, readable by its owner only (it holds credentials)."""
+    path.write_text(yaml.safe_dump(document))
+    path.chmod(0o600)
+    return path
 
 
 def find_crd_dir() -> tuple[Path, str]:
@@ -164,6 +203,14 @@ class LocalCluster:
     @property
     def kubeconfig_path(self) -> Path:
         return self.workdir / "kubeconfig"
+
+    def user_kubeconfig(self, path: Path, user_name: str, credentials: dict[str, str]) -> Path:
+        """Write to ``path`` a kubeconfig for this apiserver as ``user_name`` with
+        ``credentials`` (client certificate and key files, or a token)."""
+        document = kubeconfig_document(
+            self.server_url, user_name, credentials, ca_path=self.workdir / "ca.crt"
+        )
+        return write_kubeconfig(path, document)
 
     def start(self) -> None:
         started = time.monotonic()
@@ -430,31 +477,11 @@ class LocalCluster:
 
     def _write_kubeconfig(self) -> None:
         work = self.workdir
-        kubeconfig = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "local",
-                    "cluster": {
-                        "server": self.server_url,
-                        "certificate-authority": str(work / "ca.crt"),
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate": str(work / "admin.crt"),
-                        "client-key": str(work / "admin.key"),
-                    },
-                }
-            ],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
-            "current-context": "local",
+        credentials = {
+            "client-certificate": str(work / "admin.crt"),
+            "client-key": str(work / "admin.key"),
         }
-        self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig))
+        self.user_kubeconfig(self.kubeconfig_path, "admin", credentials)
 
     def _install_crds(self, crd_dir: Path) -> None:
         names = []

@@ -518,26 +518,7 @@ class _Setup:
         return self.kubeconfig(name, {"token": str(status.token)})
 
     def kubeconfig(self, name: str, user: dict[str, str]) -> Path:
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "local",
-                    "cluster": {
-                        "server": self.cluster.server_url,
-                        "certificate-authority": str(self.cluster.workdir / "ca.crt"),
-                    },
-                }
-            ],
-            "users": [{"name": name, "user": user}],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": name}}],
-            "current-context": "local",
-        }
-        path = self.root / f"{name}.kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return self.cluster.user_kubeconfig(self.root / f"{name}.kubeconfig", name, user)
 
     def install_crds(self, docs: Iterable[dict[str, Any]]) -> None:
         """Create the CRDs not installed yet; wait until every one is Established."""

@@ -25,7 +25,7 @@ from holdwarden.vocabulary import (
     MULTIKUEUE_KUBECONFIG_KEY,
     MULTIKUEUECLUSTER,
 )
-from rig.localcluster.cluster import LocalCluster
+from rig.localcluster.cluster import LocalCluster, kubeconfig_document
 from rig.localcluster.controllers import KUEUE_NAMESPACE
 from rig.localcluster.realstory import eventually
 
@@ -100,23 +100,14 @@ def worker_kubeconfig(worker: LocalCluster, server_url: str | None = None) -> by
         ).status
     if status is None or not status.token:
         raise RuntimeError(f"TokenRequest for {name} on the worker gave no token")
-    ca = (worker.workdir / "ca.crt").read_bytes()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "worker",
-                "cluster": {
-                    "server": server_url or worker.server_url,
-                    "certificate-authority-data": base64.b64encode(ca).decode(),
-                },
-            }
-        ],
-        "users": [{"name": WORKER_ACCOUNT, "user": {"token": str(status.token)}}],
-        "contexts": [{"name": "worker", "context": {"cluster": "worker", "user": WORKER_ACCOUNT}}],
-        "current-context": "worker",
-    }
+    # Inline CA: the kubeconfig travels in a Secret to Kueue, which has no file of ours.
+    config = kubeconfig_document(
+        server_url or worker.server_url,
+        WORKER_ACCOUNT,
+        {"token": str(status.token)},
+        ca_pem=(worker.workdir / "ca.crt").read_bytes(),
+        cluster_name="worker",
+    )
     return yaml.safe_dump(config).encode()
 
 

@@ -175,34 +175,11 @@ def _client_kubeconfig(cluster: LocalCluster, user: str, folder: Path) -> Path:
     (folder / "client.crt").write_bytes(pair.cert_pem)
     (folder / "client.key").write_bytes(pair.key_pem)
     (folder / "client.key").chmod(0o600)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.server_url,
-                    "certificate-authority": str(cluster.workdir / "ca.crt"),
-                },
-            }
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate": str(folder / "client.crt"),
-                    "client-key": str(folder / "client.key"),
-                },
-            }
-        ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
-        "current-context": "local",
+    credentials = {
+        "client-certificate": str(folder / "client.crt"),
+        "client-key": str(folder / "client.key"),
     }
-    path = folder / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return cluster.user_kubeconfig(folder / "kubeconfig", user, credentials)
 
 
 def _bind_kwok(api: k8s.ApiClient, kwok_root: Path) -> None:
