@@ -105,6 +105,26 @@ class Objects:
             {"metadata": {"annotations": {key: value}}},
         )  # fmt: skip
 
+    def hold(self, instance: str) -> None:
+        """What the adapter's Kueue-mode Hold writes: the Workload inactive, with its hold
+        instance (the other hold annotations do not matter to the gate)."""
+        held = self.workload()
+        held["metadata"].setdefault("annotations", {})[NOTES.hold_instance] = instance
+        held["spec"]["active"] = False
+        self._replace_workload(held)
+
+    def release(self) -> None:
+        """What the adapter's Release writes: the Workload active, the hold instance gone."""
+        released = self.workload()
+        del released["metadata"]["annotations"][NOTES.hold_instance]
+        released["spec"]["active"] = True
+        self._replace_workload(released)
+
+    def _replace_workload(self, workload: dict[str, Any]) -> None:
+        self.kueue.replace_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, self.namespace, WORKLOAD.plural, "wl", workload
+        )
+
     def kueue_sets_check(self, name: str, state: str, **spec: Any) -> None:
         """What Kueue does: list the check on the Workload (Pending after an eviction)."""
         workload = self.workload()
@@ -199,24 +219,14 @@ def test_gate_keeps_a_held_workload_pending_and_counts_the_next_attempt(
     objects.annotate_trainjob(NOTES.opened, "2026-12-02T12:00:00Z")
     objects.annotate_trainjob(NOTES.attempt, "3")
     # A hold is in force and Kueue, having evicted, lists the check Pending again.
-    held = objects.workload()
-    held["metadata"].setdefault("annotations", {})[NOTES.hold_instance] = "2"
-    held["spec"]["active"] = False
-    objects.kueue.replace_namespaced_custom_object(
-        WORKLOAD.group, WORKLOAD.version, objects.namespace, WORKLOAD.plural, "wl", held
-    )
+    objects.hold("2")
     objects.kueue_sets_check(check_name, "Pending")
     gate.run_once()
     assert objects.check(check_name)["state"] == "Pending"
     assert "hold instance 2 is in force" in objects.check(check_name)["message"]
 
     # Release (as the adapter writes it): active again, hold annotations gone.
-    released = objects.workload()
-    del released["metadata"]["annotations"][NOTES.hold_instance]
-    released["spec"]["active"] = True
-    objects.kueue.replace_namespaced_custom_object(
-        WORKLOAD.group, WORKLOAD.version, objects.namespace, WORKLOAD.plural, "wl", released
-    )
+    objects.release()
     gate.run_once()
     assert objects.check(check_name)["state"] == "Ready"
     assert objects.trainjob()["metadata"]["annotations"][NOTES.attempt] == "4"

@@ -172,12 +172,7 @@ def test_a_released_job_whose_old_pod_remains_is_counted_until_readmitted(
     )
     metrics = gate.metrics
     # Held (and Kueue listed the check Pending again): a wait by design, not counted.
-    held = objects.workload()
-    held["metadata"].setdefault("annotations", {})[NOTES.hold_instance] = "2"
-    held["spec"]["active"] = False
-    objects.kueue.replace_namespaced_custom_object(
-        WORKLOAD.group, WORKLOAD.version, objects.namespace, WORKLOAD.plural, "wl", held
-    )
+    objects.hold("2")
     objects.kueue_sets_check(check_name, "Pending")
     objects.annotate_trainjob(NOTES.opened, "2026-12-02T12:00:00Z")
     _pod(trainer_client, objects.namespace, "job-node-0")
@@ -186,12 +181,7 @@ def test_a_released_job_whose_old_pod_remains_is_counted_until_readmitted(
     assert _sample(metrics, STALLED) == 0
 
     # Released while the held execution's pod remains: stalled, and its clock runs.
-    released = objects.workload()
-    del released["metadata"]["annotations"][NOTES.hold_instance]
-    released["spec"]["active"] = True
-    objects.kueue.replace_namespaced_custom_object(
-        WORKLOAD.group, WORKLOAD.version, objects.namespace, WORKLOAD.plural, "wl", released
-    )
+    objects.release()
     gate.run_once()
     assert "1 pod(s) of the previous execution remain" in objects.check(check_name)["message"]
     assert (_sample(metrics, STALLED), _sample(metrics, LONGEST_STALL)) == (1, 0)
