@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +33,15 @@ def test_the_plot_is_drawn_from_the_benchmarks_json(tmp_path: Path) -> None:
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 10_000  # two panels with lines, not an empty canvas
+
+
+def test_the_shipped_figure_can_be_redrawn_from_the_shipped_json(tmp_path: Path) -> None:
+    """docs/scale.png is drawn from docs/scale.json: the numbers in the docs can be checked."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    report = json.loads((docs / "scale.json").read_text())
+    for row in report["sizes"].values():
+        for verb in ("hold", "release"):
+            assert row["holds"][verb]["lost"] == row["holds"][verb]["doubled"] == 0
+    out = tmp_path / "scale.png"
+    plot(report, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
