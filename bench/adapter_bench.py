@@ -176,6 +176,8 @@ class Bench:
         self.admin = cluster.api_client()
         self.custom: Any = k8s.CustomObjectsApi(self.admin)
         self.instance = 0
+        # Each Kueue-mode job's Workload, under the name Kueue gives it (make_job).
+        self.workload_names: dict[Ref, str] = {}
         self.bare_writes = itertools.count(1)
 
     def close(self) -> None:
@@ -198,10 +200,9 @@ class Bench:
         )
         if kueue:
             tj = self.custom.create_namespaced_custom_object(*self.coords(TRAINJOB), body)
-            self.custom.create_namespaced_custom_object(
-                *self.coords(WORKLOAD),
-                kueue_workload_body(tj, queue="user-queue"),
-            )
+            workload = kueue_workload_body(tj, queue="user-queue")
+            self.custom.create_namespaced_custom_object(*self.coords(WORKLOAD), workload)
+            self.workload_names[Ref(self.namespace, name)] = workload["metadata"]["name"]
         else:
             self.adapter.start(body, self.meta())
         ref = Ref(self.namespace, name)
@@ -213,7 +214,7 @@ class Bench:
 
     def held_name(self, ref: Ref) -> tuple[Resource, str]:
         if self.mode == "kueue":
-            return WORKLOAD, f"trainjob-{ref.name}-bench"
+            return WORKLOAD, self.workload_names[ref]
         return TRAINJOB, ref.name
 
     def timed(self, stats: CallStats, fn: Callable[[], None]) -> None:
