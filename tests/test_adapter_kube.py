@@ -460,23 +460,33 @@ def test_kueue_does_not_take_a_workload_of_kueues_name_that_is_not_the_trainjobs
     assert not hold_annotations(kc.workload(predicted))
 
 
-def test_start_waits_for_the_workload(
-    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
-) -> None:
-    adapter = make(cluster, supervisor_client, "kueue")
-    body = trainjob_body("started", queue="user-queue")
+def start_while_kueue_makes_the_workload(
+    adapter: Adapter, kc: Cluster, name: str, after_s: float, workload_name: str | None = None
+) -> tuple[Ref, float]:
+    """Start ``name`` while, as Kueue, a thread makes its Workload ``after_s`` later (under
+    ``workload_name``, or Kueue's name). Returns the ref and the seconds Start took."""
+    body = trainjob_body(name, queue="user-queue")
     body["metadata"]["namespace"] = kc.ns
 
     def kueue_creates_the_workload() -> None:
-        time.sleep(1.0)
-        kc.create_workload(kc.trainjob("started"))
+        time.sleep(after_s)
+        kc.create_workload(kc.trainjob(name), name=workload_name)
 
     actor = threading.Thread(target=kueue_creates_the_workload)
     actor.start()
     t0 = time.monotonic()
-    ref = adapter.start(body, meta(seconds=15))
-    elapsed = time.monotonic() - t0
-    actor.join()
+    try:
+        ref = adapter.start(body, meta(seconds=15))
+    finally:
+        actor.join()
+    return ref, time.monotonic() - t0
+
+
+def test_start_waits_for_the_workload(
+    cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
+) -> None:
+    adapter = make(cluster, supervisor_client, "kueue")
+    ref, elapsed = start_while_kueue_makes_the_workload(adapter, kc, "started", 1.0)
     assert ref == Ref(kc.ns, "started")
     assert elapsed >= 0.9, "Start returned before the Workload existed"
     adapter.preflight(kc.ns)
@@ -492,17 +502,9 @@ def test_start_finds_a_workload_named_otherwise_within_a_second_or_two(
     cluster: LocalCluster, supervisor_client: k8s.ApiClient, kc: Cluster
 ) -> None:
     adapter = make(cluster, supervisor_client, "kueue")
-    body = trainjob_body("renamed", queue="user-queue")
-    body["metadata"]["namespace"] = kc.ns
-
-    def kueue_creates_the_workload() -> None:
-        time.sleep(0.3)
-        kc.create_workload(kc.trainjob("renamed"), name="renamed-elsewhere")
-
-    actor = threading.Thread(target=kueue_creates_the_workload)
-    actor.start()
-    ref = adapter.start(body, meta(seconds=15))
-    actor.join()
+    ref, _ = start_while_kueue_makes_the_workload(
+        adapter, kc, "renamed", 0.3, workload_name="renamed-elsewhere"
+    )
     assert ref == Ref(kc.ns, "renamed")
     assert ("list", "") in workload_requests(adapter), "found by its label"
     adapter.hold(ref, meta(1), "r")
