@@ -427,18 +427,20 @@ def test_holdwarden_serve_runs_the_gate_when_enabled(
             time.sleep(0.1)
         assert granted_attempt(objects.check(check_name)["message"]) == 1
         # The gate's metrics are on the enforcer's /metrics. The counter moves once the
-        # gate's write has returned, which can be a moment after the check reads Ready.
+        # whole reconcile has returned (the grant's second write too), which can be a
+        # while after the check reads Ready. Every outcome's series is served from the
+        # start at 0, so the wait is for the value, not the name.
         mark_ready = 'holdwarden_readmission_reconciles_total{outcome="mark-ready"}'
         deadline = time.monotonic() + 30  # its own bound, not what the Ready wait left
         while True:
             url = f"http://127.0.0.1:{ports[1]}/metrics"
             with urllib.request.urlopen(url, timeout=10) as got:
                 scraped = got.read().decode()
-            if mark_ready in scraped or time.monotonic() >= deadline:
+            if f"{mark_ready} 0.0" not in scraped or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
         assert "holdwarden_readmission_leader 1.0" in scraped
-        assert f"{mark_ready} 1.0" in scraped  # once: no second Ready
+        assert f"{mark_ready} 1.0" in scraped, scraped  # once: no second Ready
         assert "holdwarden_webhook_reviews_total" in scraped
         # Readmitted: no Workload is counted as kept waiting (the alert's series, served).
         assert "holdwarden_readmission_stalled_workloads 0.0" in scraped
