@@ -28,6 +28,7 @@ from rig.localcluster.nodes import ready_status, unreachable_taint
 from rig.localcluster.rbac import SUPERVISOR_IDENTITY
 from rig.localcluster.realstory import (
     LOCAL_QUEUE,
+    NotWithin,
     Objects,
     eventually,
     make_queues,
@@ -91,13 +92,18 @@ def lost_node_story(workdir: Path) -> None:
             nodes.lose(lost)
             eventually(lambda: ready_status(nodes.get(lost)) == "Unknown", "NotReady", 120)
             print(f"   {at()} the node-lifecycle controller: Ready=Unknown (NotReady)")
-            eventually(lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "taint", 120)
-            print(f"   {at()} taint node.kubernetes.io/unreachable:NoExecute")
-            eventually(
-                lambda: objects.all_terminating_on(lost),
-                "the lost node's pods are Terminating",
-                120,
-            )  # fmt: skip
+            try:
+                eventually(lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "taint", 120)
+                print(f"   {at()} taint node.kubernetes.io/unreachable:NoExecute")
+                eventually(
+                    lambda: objects.all_terminating_on(lost),
+                    "the lost node's pods are Terminating",
+                    120,
+                )  # fmt: skip
+            except NotWithin:
+                # The story cannot go on; say why the real controllers did not act.
+                print(nodes.lifecycle_evidence(lost))
+                raise
             print(f"   {at()} the taint-eviction controller deleted its pods: Terminating, "
                   "and nothing can confirm they stopped")  # fmt: skip
 

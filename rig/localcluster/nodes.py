@@ -155,6 +155,44 @@ class Nodes:
                 raise
         return dict(found)
 
+    def lifecycle_evidence(self, lost: str) -> str:
+        """Every node's Ready status, last heartbeat and taints, its Lease's last renewal,
+        and the node-lifecycle controller's recent lines: why a taint did or did not come."""
+        lines = [f"lost: {lost}"]
+        with self.cluster.api_client() as api:
+            leases = k8s.CoordinationV1Api(api)
+            for name in self.names:
+                node = self.get(name)
+                if node is None:
+                    lines.append(f"{name}: deleted")
+                    continue
+                ready: dict[str, Any] = next(
+                    (c for c in (node.get("status") or {}).get("conditions") or []
+                     if c.get("type") == "Ready"),
+                    {},
+                )  # fmt: skip
+                try:
+                    lease: Any = leases.read_namespaced_lease(name, "kube-node-lease")
+                    renewed = lease.spec.renew_time
+                except k8s.ApiException as exc:
+                    renewed = f"no Lease ({exc.status})"
+                taints = [(t.get("key"), t.get("effect")) for t in
+                          (node.get("spec") or {}).get("taints") or []]  # fmt: skip
+                kubelet = "up" if name in self._processes else "dead"
+                lines.append(
+                    f"{name}: Ready={ready.get('status')} "
+                    f"heartbeat={ready.get('lastHeartbeatTime')} lease renewed={renewed} "
+                    f"kubelet={kubelet} taints={taints}"
+                )
+        log_path = self.cluster.workdir / "kube-controller-manager.log"
+        log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        said = [
+            line for line in log.splitlines()
+            if ("node_lifecycle" in line or "taint" in line.lower() or "isruption" in line)
+            and "hasn't been updated" not in line  # once a second per condition: noise
+        ]  # fmt: skip
+        return "\n".join([*lines, "--- node lifecycle controller ---", *said[-60:]])
+
     def rss_kib(self) -> dict[str, int]:
         """Current RSS of each running kwok, in KiB."""
         out: dict[str, int] = {}

@@ -94,20 +94,6 @@ def _nodes(cluster: LocalCluster) -> Nodes:
     return cluster.nodes
 
 
-def _lifecycle_evidence(cluster: LocalCluster, lost: str) -> str:
-    """Every node's Ready status and taints, and what the node-lifecycle controller said."""
-    nodes = _nodes(cluster)
-    lines = [
-        f"{name}: Ready={ready_status(node)} taints="
-        f"{[(t.get('key'), t.get('effect')) for t in (node.get('spec') or {}).get('taints') or []]}"
-        for name in nodes.names
-        if (node := nodes.get(name)) is not None
-    ]
-    log = (cluster.workdir / "kube-controller-manager.log").read_text(errors="replace")
-    said = [line for line in log.splitlines() if "node_lifecycle" in line or "taint" in line]
-    return "\n".join([f"lost: {lost}", *lines, "--- node lifecycle ---", *said[-40:]])
-
-
 def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: Timeline) -> None:
     """Kill ``lost``'s kubelet; wait for what the real node lifecycle then does."""
     nodes = _nodes(cluster)
@@ -118,14 +104,13 @@ def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: T
     eventually(lambda: unreachable_taint(nodes.get(lost), "NoSchedule"), "the node is tainted", 180)
     timeline.mark("unreachable:NoSchedule taint")
     # Taint eviction: the NoExecute taint, then the pods' deletion after their 5 s
-    # toleration. It came within a second of NotReady in every run but one: a full-suite
-    # run under two busy loops, where no lost node ever got its NoExecute taint (the
-    # controller's evidence is printed when that happens). The story does not depend on
-    # it: the Hold deletes the pods too, and on a lost node they stay Terminating either
-    # way. So it is waited for, and reported, but not required.
+    # toleration. A full-suite run once never got the taint: the controller had passed
+    # through its full-disruption mode, after which kube-controller-manager v1.36.3 never
+    # taints again at an eviction rate of exactly 1 (test_node_lifecycle.py). The rig's
+    # rate is 2 since, so the taint is required again.
     try:
         eventually(
-            lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the NoExecute taint", 60
+            lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the NoExecute taint", 120
         )
         timeline.mark("unreachable:NoExecute taint")
         eventually(
@@ -133,8 +118,7 @@ def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: T
         )
         timeline.mark("its pods Terminating (taint eviction)")
     except NotWithin as exc:
-        print(f"no taint eviction: {exc}\n{_lifecycle_evidence(cluster, lost)}")
-        timeline.mark("no taint eviction within 60 s (evidence printed)")
+        pytest.fail(f"no taint eviction: {exc}\n{nodes.lifecycle_evidence(lost)}")
 
 
 @dataclass
