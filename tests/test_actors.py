@@ -172,7 +172,9 @@ def test_kueue_actor_gate_waits_for_pods_and_holds(
 ) -> None:
     with (
         KueueActor(kueue_client, namespace) as kueue,
-        TrainerActor(trainer_client, namespace, delete_delay=1.0, pods_api=job_controller_client),
+        # 3 s: the pods must outlive a 0.5 s sleep, two PATCHes and a LIST after the
+        # suspend, on a starved machine too.
+        TrainerActor(trainer_client, namespace, delete_delay=3.0, pods_api=job_controller_client),
     ):
         body = trainjob_body("job", queue="q", suspend=True)
         body["metadata"]["annotations"] = {ANN.opened: "2026-01-01T00:00:00Z"}
@@ -271,7 +273,7 @@ def test_trainer_actor_pods_follow_suspend_with_delays(
         trainer_client,
         namespace,
         create_delay=0.2,
-        delete_delay=1.0,
+        delete_delay=2.0,  # margin over the 0.5 s look below, on a starved machine too
         pods_api=job_controller_client,
     ) as trainer:
         _create_tj(admin_client, namespace, trainjob_body("job", suspend=True))
@@ -290,7 +292,7 @@ def test_trainer_actor_pods_follow_suspend_with_delays(
         time.sleep(0.5)
         assert len(_pods(admin_client, namespace, "job")) == 2, "pods remain for a while"
         eventually(lambda: not _pods(admin_client, namespace, "job"), what="pods go away")
-        assert time.monotonic() - suspended_at >= 0.9
+        assert time.monotonic() - suspended_at >= 1.9
         # The actor counts a pod once its own DELETE has answered, which can be after a
         # list no longer shows the pod (seen under CPU contention): wait for the count.
         eventually(

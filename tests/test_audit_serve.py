@@ -10,6 +10,7 @@ import os
 import signal
 import ssl
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,20 @@ async def test_sighup_reopens_after_mv_and_does_not_kill(tmp_path: Path) -> None
         serve.proc.send_signal(signal.SIGHUP)
         await eventually(serve.audit_log.exists, 10, lambda: "the log was not reopened")
         assert serve.proc.poll() is None, "SIGHUP ended the process"
-        assert await serve.metric('holdwarden_webhook_audit_reopens_total{reason="signal"}') == 1
+        # The new file exists before the reopen is counted (fsync of the folder, the torn
+        # tail check): poll the counter, bounded, absent counting as not yet.
+        reopens = 'holdwarden_webhook_audit_reopens_total{reason="signal"}'
+
+        async def counted() -> bool:
+            try:
+                return await serve.metric(reopens) >= 1
+            except AssertionError:
+                return False
+
+        deadline = time.monotonic() + 10
+        while not await counted() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert await serve.metric(reopens) == 1
         assert (await serve.refuse("two"))["allowed"] is False
         assert [r["uid"] for r in read_audit(rotated).records] == ["one"]
         assert [r["uid"] for r in read_audit(serve.audit_log).records] == ["one", "two"]

@@ -337,7 +337,12 @@ def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(
         with (
             KueueActor(kueue_client, namespace, admission_check=check_name),
             TrainerActor(
-                trainer_client, namespace, delete_delay=2.0, pods_api=job_controller_client
+                # 5 s: the Release and the pod LIST after it must fit before the trainer
+                # deletes the held pods, with three actor threads in this process.
+                trainer_client,
+                namespace,
+                delete_delay=5.0,
+                pods_api=job_controller_client,
             ),
         ):
             adapter = Adapter(Config(mode="kueue"), supervisor_client)
