@@ -58,17 +58,21 @@ def is_map(value: object) -> TypeGuard[Mapping[str, Any]]:
     return type(value) is dict or isinstance(value, Mapping)
 
 
+# section and _metadata_map spell is_map out: the enforcer reads a review's objects through
+# them some twenty times per review, and the extra call was a tenth of the rules' time.
+
+
 def section(obj: object, key: str) -> Mapping[str, Any]:
     """``obj[key]`` when both are mappings, else an empty mapping."""
-    if not is_map(obj):
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         return _EMPTY
     value = obj.get(key)
-    return value if is_map(value) else _EMPTY
+    return value if type(value) is dict or isinstance(value, Mapping) else _EMPTY
 
 
 def _metadata_map(obj: object, key: str) -> Mapping[str, Any]:
     value = section(obj, "metadata").get(key)
-    return value if is_map(value) else _EMPTY
+    return value if type(value) is dict or isinstance(value, Mapping) else _EMPTY
 
 
 def _as_text(value: object) -> str:

@@ -12,7 +12,6 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -32,9 +31,9 @@ class BadReview(Exception):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
-class Review:
-    """One parsed AdmissionReview request."""
+class Review(msgspec.Struct, frozen=True):
+    """One parsed AdmissionReview request (immutable; a Struct for the reason ``Change``
+    is one: it is built per review)."""
 
     uid: str
     dry_run: bool
@@ -100,6 +99,7 @@ class _Review(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Review)
+UNSET = msgspec.UNSET
 
 
 def _plain(view: _Object | None) -> dict[str, Any] | None:
@@ -109,24 +109,27 @@ def _plain(view: _Object | None) -> dict[str, Any] | None:
     obj: dict[str, Any] = {}
     meta = view.metadata
     if meta is not None:
-        obj["metadata"] = {
-            key: value
-            for key, value in (
-                ("name", meta.name),
-                ("generateName", meta.generateName),
-                ("annotations", meta.annotations),
-                ("labels", meta.labels),
-                ("ownerReferences", meta.ownerReferences),
-            )
-            if value is not msgspec.UNSET
-        }
+        # Spelled out rather than a comprehension over pairs: this runs twice per review.
+        fields: dict[str, Any] = {}
+        if meta.name is not UNSET:
+            fields["name"] = meta.name
+        if meta.generateName is not UNSET:
+            fields["generateName"] = meta.generateName
+        if meta.annotations is not UNSET:
+            fields["annotations"] = meta.annotations
+        if meta.labels is not UNSET:
+            fields["labels"] = meta.labels
+        if meta.ownerReferences is not UNSET:
+            fields["ownerReferences"] = meta.ownerReferences
+        obj["metadata"] = fields
     spec = view.spec
     if spec is not None:
-        obj["spec"] = {
-            key: value
-            for key, value in (("suspend", spec.suspend), ("active", spec.active))
-            if value is not msgspec.UNSET
-        }
+        wanted: dict[str, Any] = {}
+        if spec.suspend is not UNSET:
+            wanted["suspend"] = spec.suspend
+        if spec.active is not UNSET:
+            wanted["active"] = spec.active
+        obj["spec"] = wanted
     return obj
 
 

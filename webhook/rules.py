@@ -49,6 +49,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
@@ -92,12 +94,15 @@ class RulesConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(msgspec.Struct, frozen=True):
     """A typed view of one admission request, as much of it as the rules read.
 
     ``old`` is None on CREATE (and ``new`` None on DELETE); both are the raw objects from
     the AdmissionReview, never mutated.
+
+    Immutable, like a frozen dataclass; a msgspec Struct because one is built per review
+    and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost ~2 us
+    of a 20 KB review's ~80 us over the aiohttp floor, against ~0.2 us for this.
     """
 
     group: str
