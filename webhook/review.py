@@ -102,34 +102,31 @@ _DECODER = msgspec.json.Decoder(_Review)
 UNSET = msgspec.UNSET
 
 
+_META_FIELDS = ("name", "generateName", "annotations", "labels", "ownerReferences")
+_SPEC_FIELDS = ("suspend", "active")
+
+
+def _present(view: msgspec.Struct, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of ``view`` named in ``names`` that the body carried (UNSET left out)."""
+    # A loop over getattr, not a comprehension over pairs: this runs four times per review,
+    # and it is half the cost.
+    found: dict[str, Any] = {}
+    for name in names:
+        value = getattr(view, name)
+        if value is not UNSET:
+            found[name] = value
+    return found
+
+
 def _plain(view: _Object | None) -> dict[str, Any] | None:
     """The decoded fields as the plain mapping the rules read (absent keys stay absent)."""
     if view is None:
         return None
     obj: dict[str, Any] = {}
-    meta = view.metadata
-    if meta is not None:
-        # Spelled out rather than a comprehension over pairs: this runs twice per review.
-        fields: dict[str, Any] = {}
-        if meta.name is not UNSET:
-            fields["name"] = meta.name
-        if meta.generateName is not UNSET:
-            fields["generateName"] = meta.generateName
-        if meta.annotations is not UNSET:
-            fields["annotations"] = meta.annotations
-        if meta.labels is not UNSET:
-            fields["labels"] = meta.labels
-        if meta.ownerReferences is not UNSET:
-            fields["ownerReferences"] = meta.ownerReferences
-        obj["metadata"] = fields
-    spec = view.spec
-    if spec is not None:
-        wanted: dict[str, Any] = {}
-        if spec.suspend is not UNSET:
-            wanted["suspend"] = spec.suspend
-        if spec.active is not UNSET:
-            wanted["active"] = spec.active
-        obj["spec"] = wanted
+    if view.metadata is not None:
+        obj["metadata"] = _present(view.metadata, _META_FIELDS)
+    if view.spec is not None:
+        obj["spec"] = _present(view.spec, _SPEC_FIELDS)
     return obj
 
 
