@@ -1,0 +1,131 @@
+"""This tree's enforcer against another checkout's, side by side, beside the floor (a script).
+
+    git worktree add /tmp/baseline <rev>
+    .venv/bin/python bench/review_ab.py /tmp/baseline [--rounds 40] [--per-round 300]
+        [--size 20000]
+
+Three servers in their own processes, all pinned to the same core, with the image's malloc
+settings: this tree's enforcer (``new``), the baseline checkout's enforcer (``baseline``,
+started from that checkout's own ``bench/webhook_bench.py``) and this tree's aiohttp floor.
+This process, on the other core, sends allowed UPDATE reviews of about ``--size`` bytes
+(bench/large_review_bench.py's TrainJob) over one keep-alive TLS connection per round and
+server, visiting the three in an order that turns every round. It prints, per server, the
+median server CPU per review (schedstat) and the median and quartiles of its per-round
+ratio to the floor, then the median per-round ratio new / baseline. Many short rounds,
+because one round's CPU time moves by 10-20 % on a busy VM; a change is judged by the
+per-round ratio, not by two numbers from different runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.large_review_bench import body_of, cpu_seconds, send  # noqa: E402
+from bench.webhook_bench import http_request, image_malloc_env  # noqa: E402
+from certs.generate import generate_ca, generate_serving  # noqa: E402
+
+
+def start(tree: Path, role: str, certs: Path, cpu: int) -> tuple[subprocess.Popen[str], int]:
+    """``role`` served by ``tree``'s own bench server, pinned to ``cpu``; its port."""
+    command = [sys.executable, str(tree / "bench" / "webhook_bench.py"), "--serve", role]
+    command += ["--cert-dir", str(certs), "--work", str(certs), "--cpu", str(cpu)]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=tree,
+        env={**os.environ, **image_malloc_env()},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.strip().isdigit():
+        proc.kill()
+        raise SystemExit(f"{tree}: the {role} server did not start (run it by hand to see why)")
+    return proc, int(line)
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("baseline", type=Path, help="another checkout of holdwarden")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--per-round", type=int, default=300)
+    parser.add_argument("--size", type=int, default=20_000, help="review size in bytes")
+    args = parser.parse_args()
+    if not (args.baseline / "bench" / "webhook_bench.py").is_file():
+        raise SystemExit(
+            f"{args.baseline} is not a holdwarden checkout (no bench/webhook_bench.py)"
+        )
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpu = cpus[0]
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[1]})
+    request = http_request(body_of(args.size))
+    with tempfile.TemporaryDirectory(prefix="holdwarden-ab-") as tmp:
+        certs = Path(tmp)
+        ca = generate_ca()
+        leaf = generate_serving(ca, "holdwarden", "bench", ip_addresses=["127.0.0.1"])
+        (certs / "tls.crt").write_bytes(leaf.cert_pem)
+        (certs / "tls.key").write_bytes(leaf.key_pem)
+        (certs / "ca.crt").write_bytes(ca.cert_pem)
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        servers = {
+            "new": start(ROOT, "enforcer", certs, server_cpu),
+            "baseline": start(args.baseline.resolve(), "enforcer", certs, server_cpu),
+            "floor": start(ROOT, "floor", certs, server_cpu),
+        }
+        per_review: dict[str, list[float]] = {name: [] for name in servers}
+        try:
+            for _, port in servers.values():  # warm-up
+                asyncio.run(send(port, context, request, 50))
+            names = list(servers)
+            for round_ in range(args.rounds):
+                shift = round_ % len(names)
+                for name in names[shift:] + names[:shift]:
+                    proc, port = servers[name]
+                    before = cpu_seconds(proc.pid)
+                    asyncio.run(send(port, context, request, args.per_round))
+                    time.sleep(0.02)  # the last answer's bookkeeping
+                    used = cpu_seconds(proc.pid) - before
+                    per_review[name].append(used / args.per_round * 1e6)
+        finally:
+            for proc, _ in servers.values():
+                proc.kill()
+                proc.wait()
+    print(
+        f"{len(request)} B reviews, {args.rounds} rounds x {args.per_round}, server CPU per review"
+    )
+    floor = per_review["floor"]
+    for name, values in per_review.items():
+        ratios = [v / f for v, f in zip(values, floor, strict=True)]
+        low, high = quartiles(ratios)
+        print(
+            f"  {name:8} {statistics.median(values):7.1f} us; / floor: median "
+            f"{statistics.median(ratios):.3f} (quartiles {low:.2f}-{high:.2f})"
+        )
+    change = [n / b for n, b in zip(per_review["new"], per_review["baseline"], strict=True)]
+    low, high = quartiles(change)
+    print(
+        f"  new / baseline: median {statistics.median(change):.3f} (quartiles {low:.2f}-{high:.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
