@@ -7,7 +7,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,21 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s {why()}")
         await asyncio.sleep(0.02)
+
+
+async def eventually_async(
+    predicate: Callable[[], Awaitable[bool]],
+    timeout: float,
+    why: Callable[[], str] = lambda: "",
+    interval: float = 0.05,
+) -> None:
+    """``eventually`` for a predicate that must be awaited (a metric or /readyz read):
+    wait (bounded by ``timeout`` seconds) until ``await predicate()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s {why()}")
+        await asyncio.sleep(interval)
 
 
 def assert_whole_lines(path: Path) -> list[bytes]:

@@ -247,11 +247,14 @@ def test_kueue_actor_heartbeat_makes_conflicts_routine(
         wl_name = eventually(lambda: kueue.workload_of("job"))["metadata"]["name"]
         first = _wl(admin_client, namespace, wl_name)
         seen = {first["metadata"]["resourceVersion"]}
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
+
+        def moved() -> bool:
             seen.add(_wl(admin_client, namespace, wl_name)["metadata"]["resourceVersion"])
-            time.sleep(0.05)
-        assert len(seen) >= 4, f"status writes every ~200 ms move resourceVersion: {seen}"
+            return len(seen) >= 4
+
+        # Three status writes after the first read, due every ~200 ms: polled, bounded
+        # generously, as a starved machine may delay the actor's ticks.
+        eventually(moved, what="status writes every ~200 ms move resourceVersion (4 seen)")
         beat = find_condition(_wl(admin_client, namespace, wl_name), HEARTBEAT_CONDITION)
         assert beat is not None and beat["message"].startswith("beat ")
         # A write decided on the first read now meets a 409, as the adapter's will.
@@ -307,6 +310,9 @@ def test_watcher_sees_every_change_in_resource_version_order(
     namespace: str,
     job_controller_client: k8s.ApiClient,
 ) -> None:
+    def pods_are(count: int) -> Callable[[], bool]:
+        return lambda: len(_pods(admin_client, namespace, "job")) == count
+
     with (
         Watcher(admin_client, namespace) as watcher,
         TrainerActor(
@@ -320,11 +326,29 @@ def test_watcher_sees_every_change_in_resource_version_order(
         _create_tj(admin_client, namespace, trainjob_body("job", suspend=True))
         for suspend in (False, True, False, True):
             _patch(admin_client, namespace, TRAINJOB, "job", {"spec": {"suspend": suspend}})
-            time.sleep(0.4)
-        eventually(lambda: not _pods(admin_client, namespace, "job"))
+            # Each window lasts until the actor has acted on it (two pods made, or all
+            # gone), not a fixed time a starved actor might miss.
+            eventually(
+                pods_are(0 if suspend else 2),
+                timeout=30,
+                what=f"the actor's pods follow suspend={suspend}",
+            )
         rv = int(_tj(admin_client, namespace, "job")["metadata"]["resourceVersion"])
-        watcher.wait_until_seen("trainjob", rv)
-        time.sleep(0.3)
+        # Fence: a pod created now (unlabelled, so the actor leaves it alone) is later than
+        # every earlier pod event, the DELETEDs included; once the pod watch has delivered
+        # it, nothing earlier is still on its way.
+        core = k8s.CoreV1Api(admin_client)
+        fence = core.create_namespaced_pod(
+            namespace,
+            k8s.V1Pod(
+                metadata=k8s.V1ObjectMeta(generate_name="fence-"),
+                spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
+            ),
+        )
+        fence_meta: Any = fence.metadata
+        core.delete_namespaced_pod(fence_meta.name, namespace)
+        watcher.wait_until_seen("pod", int(fence_meta.resource_version), timeout=30)
+        watcher.wait_until_seen("trainjob", rv, timeout=30)
     events = watcher.events()
     assert [e.rv for e in events] == sorted(e.rv for e in events)
     suspends = [
@@ -335,7 +359,7 @@ def test_watcher_sees_every_change_in_resource_version_order(
     # Every spec change is there, in order (status heartbeats repeat the current value).
     collapsed = [s for i, s in enumerate(suspends) if i == 0 or s != suspends[i - 1]]
     assert collapsed == [True, False, True, False, True]
-    pod_events = [(e.type, e.name) for e in events if e.kind == "pod"]
+    pod_events = [(e.type, e.name) for e in events if e.kind == "pod" and e.name != fence_meta.name]
     assert sum(t == "ADDED" for t, _ in pod_events) == 4
     assert sum(t == "DELETED" for t, _ in pod_events) == 4
 

@@ -10,7 +10,6 @@ import os
 import signal
 import ssl
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,13 @@ from typing import Any
 
 import aiohttp
 
-from tests.audit_helpers import assert_whole_lines, eventually, fill, small_tmpfs
+from tests.audit_helpers import (
+    assert_whole_lines,
+    eventually,
+    eventually_async,
+    fill,
+    small_tmpfs,
+)
 from tests.review_samples import review, trainjob
 from tests.test_audit_durability import start_serve
 from webhook.audit import read_audit, rotated_path
@@ -95,9 +100,7 @@ async def test_sighup_reopens_after_mv_and_does_not_kill(tmp_path: Path) -> None
             except AssertionError:
                 return False
 
-        deadline = time.monotonic() + 10
-        while not await counted() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await eventually_async(counted, 10, lambda: "the reopen was not counted")
         assert await serve.metric(reopens) == 1
         assert (await serve.refuse("two"))["allowed"] is False
         assert [r["uid"] for r in read_audit(rotated).records] == ["one"]
@@ -144,18 +147,16 @@ async def test_disk_full_refuses_counts_and_fails_readyz_until_space_returns(
             assert await serve.metric("holdwarden_webhook_audit_failed_writes_total") >= 1
             assert_whole_lines(serve.audit_log)  # nothing torn, nothing to glue onto
             filler.unlink()
-            await eventually_async_ready(serve)
+
+            async def recovered() -> bool:
+                return await serve.ready() == 200
+
+            await eventually_async(
+                recovered, 15, lambda: "/readyz did not recover after space came back", 0.1
+            )
             assert (await serve.refuse("after"))["allowed"] is False
             lines = assert_whole_lines(serve.audit_log)
             uids = [r["uid"] for r in read_audit(serve.audit_log).records]
             assert uids[0] == "fits" and uids[-1] == "after"
             assert f"full-{refused - 1}" not in uids  # the failed line is absent, not torn
             assert read_audit(serve.audit_log).skipped == 0 and lines
-
-
-async def eventually_async_ready(serve: Serve, timeout: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while await serve.ready() != 200:
-        assert loop.time() < deadline, "/readyz did not recover after space came back"
-        await asyncio.sleep(0.1)

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.audit_helpers import eventually_async
 from tests.review_samples import review, trainjob
 from tests.test_audit_durability import write_certs
 
@@ -102,14 +103,16 @@ async def test_stdout_sink_lines_are_whole_marked_and_read_back_from_mixed_logs(
         async with asyncio.timeout(BUDGET):
             answered = await _refuse_many(port, ca)
             written = 'holdwarden_webhook_audit_stdout_lines_total{outcome="written"}'
+
             # A refusal is answered once its line is written or after STDOUT_WAIT (1 s), so
             # on a starved machine the last batch may still be on its way: poll, bounded.
-            deadline = time.monotonic() + 10
-            while (count := await _metric(metrics_port, written)) < len(answered):
-                if time.monotonic() >= deadline:
-                    break
-                await asyncio.sleep(0.1)
-            assert count == len(answered)
+            async def all_written() -> bool:
+                return await _metric(metrics_port, written) >= len(answered)
+
+            await eventually_async(
+                all_written, 10, lambda: f"fewer than {len(answered)} lines written", 0.1
+            )
+            assert await _metric(metrics_port, written) == len(answered)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from aiohttp import web
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.bundle import CA_BUNDLE, TLS_CERT, TLS_KEY, load_cert_dir, write_cert_dir
+from certs.bundle import (
+    CA_BUNDLE,
+    TLS_CERT,
+    TLS_KEY,
+    load_cert_dir,
+    write_cert_dir,
+    write_serving,
+)
 from certs.generate import generate_ca, generate_serving
 from certs.inject import MAX_ATTEMPTS, InjectError, inject_ca_bundle
 from certs.reload import ReloadingTLS
@@ -29,6 +37,10 @@ pytestmark = pytest.mark.controlplane
 
 # A label no object carries: the throwaway webhooks below must never be called.
 NEVER = {"holdwarden.io/certs-test-never": "true"}
+# The label of the objects the rotation test's probe webhook is called for.
+PROBE = {"holdwarden.io/certs-test-probe": "true"}
+# How long the apiserver may take to act on a changed webhook configuration.
+CHANGE_SEEN_SECONDS = 30.0
 
 
 def _webhook(name: str, url: str, **overrides: Any) -> k8s.V1ValidatingWebhook:
@@ -203,77 +215,126 @@ async def test_apiserver_trusts_the_webhook_across_a_rotation(
     The apiserver itself calls our TLS server at every step; the webhook denies with the
     fingerprint it is serving, so a denial carrying it proves the call got through TLS
     (a TLS failure would be denied too, failurePolicy Fail, but with the apiserver's text).
+
+    A second webhook of the same configuration (so the same injected bundle, delivered to
+    the apiserver in the same object) calls a probe server only for labelled objects: with
+    a certificate of the new CA it tells when the apiserver trusts the new chain, with one
+    of the old CA when it no longer does.
     """
     ca = generate_ca()
     write_cert_dir(tmp_path, ca, generate_serving(ca, "hw", "ns", ip_addresses=["127.0.0.1"]))
     tls = ReloadingTLS(tmp_path / TLS_CERT, tmp_path / TLS_KEY)
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    probe_of_old_ca = generate_serving(ca, "probe", "ns", ip_addresses=["127.0.0.1"])
+    write_serving(probe_dir, probe_of_old_ca)
+    probe_tls = ReloadingTLS(probe_dir / TLS_CERT, probe_dir / TLS_KEY)
 
-    async def validate(request: web.Request) -> web.Response:
-        review = json.loads(await request.read())
-        return web.json_response(
-            {
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "response": {
-                    "uid": review["request"]["uid"],
-                    "allowed": False,
-                    "status": {"code": 403, "message": f"served {tls.loaded_fingerprint}"},
-                },
-            }
-        )
+    def denying(what: str, served: ReloadingTLS) -> web.Application:
+        async def validate(request: web.Request) -> web.Response:
+            review = json.loads(await request.read())
+            message = f"{what} {served.loaded_fingerprint}"
+            return web.json_response(
+                {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "response": {
+                        "uid": review["request"]["uid"],
+                        "allowed": False,
+                        "status": {"code": 403, "message": message},
+                    },
+                }
+            )
 
-    app = web.Application()
-    app.router.add_post("/validate", validate)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.ssl_context).start()
-    port = runner.addresses[0][1]
+        app = web.Application()
+        app.router.add_post("/validate", validate)
+        return app
+
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application, served: ReloadingTLS) -> int:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served.ssl_context).start()
+        port: int = runner.addresses[0][1]
+        return port
+
+    port = await start(denying("served", tls), tls)
+    probe_port = await start(denying("probe", probe_tls), probe_tls)
     watcher = asyncio.create_task(tls.watch(0.05))
     name = f"certs-e2e-{uuid.uuid4().hex[:8]}"
     registration = k8s.AdmissionregistrationV1Api(admin_client)
+    in_namespace = k8s.V1LabelSelector(match_labels={"kubernetes.io/metadata.name": namespace})
     hook = _webhook(
         "e2e.certs-test.holdwarden.io",
         f"https://127.0.0.1:{port}/validate",
         failure_policy="Fail",
-        object_selector=None,
-        namespace_selector=k8s.V1LabelSelector(
-            match_labels={"kubernetes.io/metadata.name": namespace}
+        object_selector=k8s.V1LabelSelector(
+            match_expressions=[
+                k8s.V1LabelSelectorRequirement(key=next(iter(PROBE)), operator="DoesNotExist")
+            ]
         ),
+        namespace_selector=in_namespace,
+    )
+    probe_hook = _webhook(
+        "probe.certs-test.holdwarden.io",
+        f"https://127.0.0.1:{probe_port}/validate",
+        failure_policy="Fail",
+        object_selector=k8s.V1LabelSelector(match_labels=PROBE),
+        namespace_selector=in_namespace,
     )
 
     def inject() -> None:
         inject_ca_bundle(admin_client, name, (tmp_path / CA_BUNDLE).read_bytes())
 
-    async def denial() -> str:
+    async def refusal(labels: dict[str, str] | None) -> str:
         """Create a ConfigMap; return the apiserver's refusal message."""
 
         def create() -> str:
-            body = k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(generate_name="probe-"))
+            body = k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(generate_name="probe-", labels=labels))
             try:
                 k8s.CoreV1Api(admin_client).create_namespaced_config_map(namespace, body)
             except ApiException as exc:
                 return str(json.loads(exc.body or "{}").get("message", exc.reason))
             raise AssertionError("the webhook did not refuse the write")
 
-        # The Kubernetes client blocks; keep the event loop (and our server) running.
+        # The Kubernetes client blocks; keep the event loop (and our servers) running.
         return await asyncio.to_thread(create)
 
-    async def served_through_tls(fingerprint: str) -> None:
-        # The apiserver learns of a configuration change through its informer: give the
-        # new caBundle a moment to arrive, then expect our server's answer.
+    async def denial() -> str:
+        return await refusal(None)
+
+    async def probe() -> str:
+        return await refusal(PROBE)
+
+    async def until(ask: Callable[[], Awaitable[str]], ok: Callable[[str], bool]) -> None:
+        """Ask until the answer is ``ok``, bounded: the apiserver learns of a configuration
+        change through its informer, which a starved machine may delay."""
         messages: list[str] = []
-        for _ in range(50):
-            messages.append(await denial())
-            if messages[-1].endswith(f"served {fingerprint}"):
+        deadline = time.monotonic() + CHANGE_SEEN_SECONDS
+        while True:
+            messages.append(await ask())
+            if ok(messages[-1]):
                 return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not within {CHANGE_SEEN_SECONDS} s: {messages[-3:]}")
             await asyncio.sleep(0.1)
-        raise AssertionError(f"apiserver never got through: {messages[-3:]}")
+
+    async def served_through_tls(fingerprint: str) -> None:
+        await until(denial, lambda message: message.endswith(f"served {fingerprint}"))
+
+    async def probe_through_tls(fingerprint: str) -> None:
+        await until(probe, lambda message: message.endswith(f"probe {fingerprint}"))
+
+    async def probe_refused_by_tls() -> None:
+        await until(probe, lambda message: "failed calling webhook" in message)
 
     try:
         await asyncio.to_thread(
             registration.create_validating_webhook_configuration,
             k8s.V1ValidatingWebhookConfiguration(
-                metadata=k8s.V1ObjectMeta(name=name), webhooks=[hook]
+                metadata=k8s.V1ObjectMeta(name=name), webhooks=[hook, probe_hook]
             ),
         )
         # Before injection the apiserver cannot verify our server.
@@ -282,23 +343,35 @@ async def test_apiserver_trusts_the_webhook_across_a_rotation(
         await served_through_tls(tls.loaded_fingerprint)
 
         old = tls.loaded_fingerprint
-        rotate_ca(tmp_path)
+        rotation = rotate_ca(tmp_path)
+        write_serving(
+            probe_dir, generate_serving(rotation.ca, "probe", "ns", ip_addresses=["127.0.0.1"])
+        )
+        assert probe_tls.reload_if_changed()
         await asyncio.to_thread(inject)  # both CAs
         await served_through_tls(old)
-        # Let the apiserver's informer deliver the two-CA bundle before we switch.
-        await asyncio.sleep(2)
+        # Before we switch: the apiserver has the two-CA bundle once it trusts the probe's
+        # certificate of the new CA (no call to it got through before the injection).
+        await probe_through_tls(probe_tls.loaded_fingerprint)
         new = renew_serving(tmp_path, "hw", "ns")
-        await asyncio.sleep(0.2)
-        assert tls.loaded_fingerprint == new.fingerprint
+        deadline = time.monotonic() + 10
+        while tls.loaded_fingerprint != new.fingerprint:  # reloaded within 0.05 s, unstarved
+            assert time.monotonic() < deadline, "the renewed certificate was not reloaded"
+            await asyncio.sleep(0.02)
+        # No gap: the very next call gets through.
         assert (await denial()).endswith(f"served {new.fingerprint}")
 
         assert len(prune(tmp_path)) == 1
+        write_serving(probe_dir, probe_of_old_ca)
+        assert probe_tls.reload_if_changed()
         await asyncio.to_thread(inject)
-        await asyncio.sleep(2)
+        # The apiserver has the pruned bundle once it refuses the old CA's certificate.
+        await probe_refused_by_tls()
         assert (await denial()).endswith(f"served {new.fingerprint}")
         assert len(load_cert_dir(tmp_path).bundle) == 1
     finally:
         await asyncio.to_thread(registration.delete_validating_webhook_configuration, name)
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()

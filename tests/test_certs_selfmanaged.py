@@ -140,6 +140,27 @@ def wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
     raise AssertionError(f"{what}: not within {seconds:.0f} s")
 
 
+def sole_leader(replicas: list[Replica], seconds: float = 30) -> Replica:
+    """The one replica that leads, seen so on two reads in a row (0.1 s apart), polled.
+
+    ``is_leader()`` is false once a renewal is ``renew_deadline`` late, which a starved
+    machine can make a short Lease's renewal be: a single read may catch none leading.
+    """
+    deadline = time.monotonic() + seconds
+    previous: Replica | None = None
+    seen: list[int] = []
+    while True:
+        leaders = [r for r in replicas if r.tls.elector.is_leader()]
+        seen.append(len(leaders))
+        current = leaders[0] if len(leaders) == 1 else None
+        if current is not None and current is previous:
+            return current
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not one stable leader within {seconds:.0f} s: {seen[-10:]}")
+        previous = current
+        time.sleep(0.1)
+
+
 def refused_probe(api: k8s.ApiClient, namespace: str) -> str:
     """A dry-run create the enforcer must refuse: a held TrainJob that is not suspended.
 
@@ -319,9 +340,7 @@ def test_two_replicas_one_writer_both_serve(
     try:
         wait_for("both ready", lambda: all(r.ready() for r in replicas), 60)
         wait_for("enforced", lambda: refused_probe(admin_client, namespace) == "refused", 30)
-        leaders = [r for r in replicas if r.tls.elector.is_leader()]
-        assert len(leaders) == 1
-        (leader,) = leaders
+        leader = sole_leader(replicas)
         (follower,) = [r for r in replicas if r is not leader]
         assert leader.tls.writes.get("create") == 1
         assert follower.tls.writes == {}

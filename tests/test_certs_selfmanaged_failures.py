@@ -26,6 +26,7 @@ from tests.test_certs_selfmanaged import (
     fresh_scene,
     refused_probe,
     settings,
+    sole_leader,
     start_replica,
     wait_for,
     webhook_configuration,
@@ -126,7 +127,7 @@ def test_when_the_leader_stops_the_other_replica_takes_over_the_renewals(
     stopped: list[int] = []
     try:
         wait_for("both ready", lambda: all(r.ready() for r in replicas), 60)
-        (leader,) = [i for i, r in enumerate(replicas) if r.tls.elector.is_leader()]
+        leader = replicas.index(sole_leader(replicas))
         replicas[leader].stop()
         stopped.append(leader)
         survivor = replicas[1 - leader]
@@ -166,7 +167,7 @@ def test_a_leader_whose_apiserver_goes_silent_still_stops_in_seconds(
     stopped = False
     try:
         wait_for("ready", replica.ready, 60)
-        assert replica.tls.elector.is_leader()
+        wait_for("leader", replica.tls.elector.is_leader, 30)
         proxy.freeze()
         # The next campaign step (every 2 s) and certificate sync now wait on the wire.
         time.sleep(2.5)
