@@ -150,6 +150,31 @@ def make_queues(api: k8s.ApiClient, namespace: str, admission_checks: Sequence[s
     return cluster_queue
 
 
+def local_queue_active(api: k8s.ApiClient, namespace: str) -> bool:
+    """Kueue reports ``namespace``'s LocalQueue (LOCAL_QUEUE) as Active."""
+    found: Any = k8s.CustomObjectsApi(api).get_namespaced_custom_object(
+        LOCALQUEUE.group, LOCALQUEUE.version, namespace, LOCALQUEUE.plural, LOCAL_QUEUE
+    )
+    conditions = (found.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Active" and c.get("status") == "True" for c in conditions)
+
+
+def wait_local_queue_active(api: k8s.ApiClient, namespace: str, timeout: float = 120.0) -> None:
+    """Return once Kueue has the LocalQueue made by ``make_queues`` in its caches.
+
+    Why: Kueue's defaulting webhook names MultiKueue as a job's manager only when its
+    queue cache already maps the job's LocalQueue to a ClusterQueue with a MultiKueue
+    check. A TrainJob created before that keeps Trainer's default manager and runs on the
+    manager cluster. The LocalQueue's Active condition is written after the queue is in
+    those caches and its ClusterQueue (with every admission check) is active.
+    """
+    eventually(
+        lambda: local_queue_active(api, namespace),
+        f"LocalQueue {namespace}/{LOCAL_QUEUE} Active",
+        timeout,
+    )
+
+
 @dataclass
 class Objects:
     """One TrainJob's objects, read as the admin: nothing here is cached."""

@@ -47,6 +47,7 @@ from rig.localcluster.realstory import (
     condition,
     eventually,
     make_queues,
+    wait_local_queue_active,
     with_requests,
 )
 from tests.actors import Watcher
@@ -132,6 +133,7 @@ def test_a_hold_on_the_manager_stops_the_worker_and_release_waits_for_the_worker
     pair.worker.create_namespace(namespace)
     make_queues(manager_admin, namespace, [pair.dispatch_check, pair.enforced.check_name])
     make_queues(worker_admin, namespace)  # the worker admits what MultiKueue sends it
+    wait_local_queue_active(manager_admin, namespace)
     on_manager, on_worker = Objects(manager_admin, namespace), Objects(worker_admin, namespace)
     check = pair.enforced.check_name
     watcher = Watcher(worker_admin, namespace)
@@ -234,6 +236,7 @@ def test_the_manager_trainjob_names_multikueue_and_trainer_leaves_it_alone(pair:
         namespace = f"mk-{uuid.uuid4().hex[:8]}"
         pair.manager.create_namespace(namespace, labels=pair.enforced.labels())
         make_queues(admin, namespace, [pair.dispatch_check, pair.enforced.check_name])
+        wait_local_queue_active(admin, namespace)
         body = with_requests(trainjob_body("job", queue=LOCAL_QUEUE, suspend=False))
         body["metadata"]["namespace"] = namespace
         k8s.CustomObjectsApi(admin).create_namespaced_custom_object(
