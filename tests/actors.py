@@ -950,6 +950,28 @@ class Watcher(_Background):
                 raise ActorError(f"watch of {kind} did not reach rv {rv} in {timeout}s")
             time.sleep(0.01)
 
+    def fence_pods(self, timeout: float = 30.0) -> str:
+        """Wait until every pod event committed before this call has been recorded, and
+        return the name of the fence pod used (callers leave it out of their counts).
+
+        Why a pod: the pod stream's last resourceVersion only moves when a pod changes, so
+        a DELETED already committed may still be on its way. A pod created now (unlabelled,
+        so no actor touches it; deleted at once) is later than all of them: once its ADDED
+        has arrived, nothing earlier is still in flight.
+        """
+        core = k8s.CoreV1Api(self.api)
+        fence = core.create_namespaced_pod(
+            self.namespace,
+            k8s.V1Pod(
+                metadata=k8s.V1ObjectMeta(generate_name="fence-"),
+                spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
+            ),
+        )
+        fence_meta: Any = fence.metadata
+        core.delete_namespaced_pod(fence_meta.name, self.namespace)
+        self.wait_until_seen("pod", int(fence_meta.resource_version), timeout=timeout)
+        return str(fence_meta.name)
+
     def _request(self, path: str, query: str) -> Any:
         url = f"{self.api.configuration.host}{path}?{query}"
         headers = {**self.api.default_headers, "Accept": "application/json"}

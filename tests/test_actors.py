@@ -334,20 +334,7 @@ def test_watcher_sees_every_change_in_resource_version_order(
                 what=f"the actor's pods follow suspend={suspend}",
             )
         rv = int(_tj(admin_client, namespace, "job")["metadata"]["resourceVersion"])
-        # Fence: a pod created now (unlabelled, so the actor leaves it alone) is later than
-        # every earlier pod event, the DELETEDs included; once the pod watch has delivered
-        # it, nothing earlier is still on its way.
-        core = k8s.CoreV1Api(admin_client)
-        fence = core.create_namespaced_pod(
-            namespace,
-            k8s.V1Pod(
-                metadata=k8s.V1ObjectMeta(generate_name="fence-"),
-                spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
-            ),
-        )
-        fence_meta: Any = fence.metadata
-        core.delete_namespaced_pod(fence_meta.name, namespace)
-        watcher.wait_until_seen("pod", int(fence_meta.resource_version), timeout=30)
+        fence = watcher.fence_pods(timeout=30)
         watcher.wait_until_seen("trainjob", rv, timeout=30)
     events = watcher.events()
     assert [e.rv for e in events] == sorted(e.rv for e in events)
@@ -359,7 +346,7 @@ def test_watcher_sees_every_change_in_resource_version_order(
     # Every spec change is there, in order (status heartbeats repeat the current value).
     collapsed = [s for i, s in enumerate(suspends) if i == 0 or s != suspends[i - 1]]
     assert collapsed == [True, False, True, False, True]
-    pod_events = [(e.type, e.name) for e in events if e.kind == "pod" and e.name != fence_meta.name]
+    pod_events = [(e.type, e.name) for e in events if e.kind == "pod" and e.name != fence]
     assert sum(t == "ADDED" for t, _ in pod_events) == 4
     assert sum(t == "DELETED" for t, _ in pod_events) == 4
 

@@ -762,17 +762,7 @@ def _settle(schedule: Schedule, kueue_actor: KueueActor | None, watcher: Watcher
     opened = bool((tj["metadata"].get("annotations") or {}).get(ANN.opened))
     if not kueue and not held and opened and is_suspended(tj):
         problems.append("final: plain, opened, not held, yet suspended (release lost the run)")
-    # Fence: a pod created and deleted now is later than every earlier pod event.
-    fence = core.create_namespaced_pod(
-        ns,
-        k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(generate_name="fence-"),
-            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="busybox")]),
-        ),
-    )
-    fence_meta: Any = fence.metadata
-    core.delete_namespaced_pod(fence_meta.name, ns)
-    watcher.wait_until_seen("pod", int(fence_meta.resource_version))
+    watcher.fence_pods()
     watcher.wait_until_seen("trainjob", int(tj["metadata"]["resourceVersion"]))
     if wl is not None:
         watcher.wait_until_seen("workload", int(wl["metadata"]["resourceVersion"]))
