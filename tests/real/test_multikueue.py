@@ -250,3 +250,40 @@ def test_the_manager_trainjob_names_multikueue_and_trainer_leaves_it_alone(pair:
             "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets"
         )
         assert not jobsets["items"] and not objects.pods()
+
+
+def test_a_trainjob_made_before_kueue_knows_its_queue_runs_nowhere(pair: Pair) -> None:
+    """The race ``wait_local_queue_active`` avoids, made certain: the TrainJob exists before
+    its queues, so Kueue's webhook cannot name MultiKueue and Trainer's default manager
+    stays. What Kueue does then (docs/enforcer.md, "MultiKueue"): MultiKueue's check is
+    Rejected and the Workload deactivated. Nothing runs on the manager or the worker."""
+    with pair.manager.api_client() as admin, pair.worker.api_client() as worker_admin:
+        namespace = f"mk-{uuid.uuid4().hex[:8]}"
+        pair.manager.create_namespace(namespace, labels=pair.enforced.labels())
+        pair.worker.create_namespace(namespace)
+        body = with_requests(trainjob_body("job", queue=LOCAL_QUEUE, suspend=False))
+        body["metadata"]["namespace"] = namespace
+        k8s.CustomObjectsApi(admin).create_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, body
+        )
+        on_manager, on_worker = Objects(admin, namespace), Objects(worker_admin, namespace)
+        assert on_manager.trainjob()["spec"].get("managedBy") != MULTIKUEUE_CONTROLLER
+        make_queues(admin, namespace, [pair.dispatch_check, pair.enforced.check_name])
+        make_queues(worker_admin, namespace)
+        wait_local_queue_active(admin, namespace)
+
+        def dispatch_rejected() -> dict[str, Any] | None:
+            entry = _gate_entry(on_manager, pair.dispatch_check)
+            return entry if entry.get("state") == "Rejected" else None
+
+        rejected = eventually(dispatch_rejected, "MultiKueue rejects a job it does not manage")
+        print(f"MultiKueue's check: {rejected}")
+        eventually(
+            lambda: (on_manager.workload() or {}).get("spec", {}).get("active") is False,
+            "Kueue deactivates the Workload",
+        )
+        time.sleep(5)  # a dispatch or a local start would show within a few passes
+        assert _mirror(on_worker) is None, "MultiKueue dispatched a job it rejected"
+        assert not on_worker.pods() and not on_manager.pods()
+        assert on_manager.trainjob()["spec"].get("suspend") is True
+    assert_no_false_positives(pair.manager, pair.enforced)
