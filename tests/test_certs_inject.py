@@ -230,11 +230,15 @@ async def test_apiserver_trusts_the_webhook_across_a_rotation(
     write_serving(probe_dir, probe_of_old_ca)
     probe_tls = ReloadingTLS(probe_dir / TLS_CERT, probe_dir / TLS_KEY)
 
+    # The connection (its transport, kept alive here so no id is reused) of every call.
+    callers: list[Any] = []
+
     def denying(what: str, served: ReloadingTLS) -> web.Application:
         async def validate(request: web.Request) -> web.Response:
             review = json.loads(await request.read())
+            callers.append(request.transport)
             message = f"{what} {served.loaded_fingerprint}"
-            return web.json_response(
+            response = web.json_response(
                 {
                     "apiVersion": "admission.k8s.io/v1",
                     "kind": "AdmissionReview",
@@ -245,6 +249,11 @@ async def test_apiserver_trusts_the_webhook_across_a_rotation(
                     },
                 }
             )
+            # Every call on a connection of its own: the fingerprint reported is then the
+            # one the apiserver's fresh handshake verified, never one of a kept-alive
+            # connection made before the reload.
+            response.force_close()
+            return response
 
         app = web.Application()
         app.router.add_post("/validate", validate)
@@ -369,6 +378,7 @@ async def test_apiserver_trusts_the_webhook_across_a_rotation(
         await probe_refused_by_tls()
         assert (await denial()).endswith(f"served {new.fingerprint}")
         assert len(load_cert_dir(tmp_path).bundle) == 1
+        assert len({id(c) for c in callers}) == len(callers), "a call reused a connection"
     finally:
         await asyncio.to_thread(registration.delete_validating_webhook_configuration, name)
         watcher.cancel()
