@@ -7,24 +7,20 @@ version from its committed module in ``tools/<name>`` (go.mod/go.sum pin every d
 ``$HOLDWARDEN_CACHE``, beside kube-apiserver. ``HOLDWARDEN_HELM`` / ``HOLDWARDEN_KUSTOMIZE``
 may name a prebuilt binary instead (its version is then the caller's responsibility).
 
-Like rig/localcluster/binaries.py: a build writes ``<name>.partial`` and renames it
-into place under a file lock, so an interrupted or concurrent build never leaves a
-half-written binary; with no Go and no binary it raises ``BinariesUnavailable``.
+Built by rig/localcluster/binaries.py's ``go_build``: a build writes ``<name>.partial``
+and renames it into place under a file lock, so an interrupted or concurrent build never
+leaves a half-written binary; with no Go and no binary it raises ``BinariesUnavailable``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rig.localcluster.binaries import BinariesUnavailable, cache_dir
+from rig.localcluster.binaries import BinariesUnavailable, cache_dir, go_build
 
 TOOLS_DIR = Path(__file__).resolve().parent.parent / "tools"
 _MODULE_FILES = ("go.mod", "go.sum", "tools.go")
@@ -73,45 +69,17 @@ def ensure_tool(tool: Tool, log: bool = True) -> Path:
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise BinariesUnavailable(f"{tool.override}={path} is not an executable file")
         return path
-    target = tool_path(tool)
-    if target.is_file():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        raise BinariesUnavailable(
-            f"{tool.name} {tool.version} is not cached and 'go' is not on PATH: install "
-            f"Go >= 1.26 or set {tool.override} to a {tool.name} binary"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / ".build.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.is_file():  # built by another process while we waited
-            return target
-        partial = target.with_suffix(".partial")
-        command = [go, "build", "-trimpath", f"-ldflags={tool.ldflags}", "-o", str(partial),
-                   tool.package]  # fmt: skip
-        env = dict(os.environ, GOFLAGS="-mod=readonly", GOTOOLCHAIN="local", CGO_ENABLED="0")
-        if log:
-            print(
-                f"holdwarden: building {tool.name} {tool.version} from the Go module proxy "
-                f"into {target.parent} (once)",
-                file=sys.stderr,
-                flush=True,
-            )
-        started = time.monotonic()
-        result = subprocess.run(command, cwd=tool.module, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise BinariesUnavailable(
-                f"building {tool.name} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
-            )
-        partial.rename(target)
-        if log:
-            print(
-                f"holdwarden: built {tool.name} in {time.monotonic() - started:.0f}s",
-                file=sys.stderr,
-                flush=True,
-            )
-    return target
+    return go_build(
+        tool_path(tool),
+        tool.module,
+        _MODULE_FILES,
+        tool.package,
+        tool.ldflags,
+        f"{tool.name} {tool.version}",
+        "-mod=readonly",
+        log,
+        missing_go_hint=f"set {tool.override} to a {tool.name} binary",
+    )
 
 
 def ensure_helm(log: bool = True) -> Path:

@@ -98,7 +98,7 @@ def _kubernetes_ldflags() -> str:
     )
 
 
-def _go_build(
+def go_build(
     target: Path,
     source: Traversable,
     files: Sequence[str],
@@ -107,8 +107,12 @@ def _go_build(
     label: str,
     mod_flag: str,
     log: bool,
+    missing_go_hint: str = (
+        "point KUBEBUILDER_ASSETS / HOLDWARDEN_CONTROLLER_ASSETS at prebuilt binaries"
+    ),
 ) -> Path:
-    """Build ``package`` from the Go module in ``source`` into ``target``, once.
+    """Build ``package`` from the Go module in ``source`` (its ``files`` copied into a
+    folder beside ``target``, so the source tree is never written) into ``target``, once.
 
     Concurrent callers wait on ``target``'s folder's file lock and find the binary built.
     """
@@ -118,7 +122,7 @@ def _go_build(
     if go is None:
         raise BinariesUnavailable(
             f"{label} is not cached and 'go' is not on PATH: install Go >= 1.26 "
-            "or point KUBEBUILDER_ASSETS / HOLDWARDEN_CONTROLLER_ASSETS at prebuilt binaries"
+            f"or {missing_go_hint}"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / ".build.lock"
@@ -160,7 +164,7 @@ def _go_build(
 
 def build_kube_apiserver(log: bool = True) -> Path:
     """Build kube-apiserver into the cache once; concurrent callers wait on a file lock."""
-    return _go_build(
+    return go_build(
         kube_apiserver_path(),
         resources.files("rig.localcluster") / "kubebuild",
         _KUBEBUILD_FILES,
@@ -250,7 +254,7 @@ def build_controller(component: Component, log: bool = True) -> Path:
     ``-mod=readonly``: the committed go.mod/go.sum are complete, so the build uses exactly
     the versions they name or fails; it never resolves a version on its own.
     """
-    return _go_build(
+    return go_build(
         controller_binary_path(component),
         _module_source(component),
         _CONTROLLER_MODULE_FILES,
