@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.connection_probe import MEMORY_LIMIT_MIB, rss_mib  # noqa: E402
+from bench.tlsfixture import write_serving_tls  # noqa: E402
 from bench.webhook_bench import build_bodies, http_request, percentile  # noqa: E402
-from certs.generate import generate_ca, generate_serving  # noqa: E402
 
 WEBHOOK_TIMEOUT_S = 10.0
 
@@ -103,11 +103,7 @@ def main() -> None:
     runs: dict[int, list[dict[str, Any]]] = {args.burst: [], args.baseline: []}
     with tempfile.TemporaryDirectory(prefix="holdwarden-burst-") as tmp:
         work = Path(tmp)
-        ca = generate_ca()
-        leaf = generate_serving(ca, "holdwarden", "probe", ip_addresses=["127.0.0.1"])
-        (work / "tls.crt").write_bytes(leaf.cert_pem)
-        (work / "tls.key").write_bytes(leaf.key_pem)
-        (work / "ca.crt").write_bytes(ca.cert_pem)
+        write_serving_tls(work, namespace="probe")
         probe = ROOT / "bench" / "connection_probe.py"
         command = [sys.executable, str(probe), "--serve", "--cert-dir", str(work)]
         command += ["--work", str(work)]

@@ -36,8 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.tlsfixture import write_serving_tls  # noqa: E402
 from bench.webhook_bench import Connection, build_bodies, http_request, percentile  # noqa: E402
-from certs.generate import generate_ca, generate_serving  # noqa: E402
 
 MEMORY_LIMIT_MIB = 256
 P99_TARGET_MS = 100.0
@@ -311,11 +311,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="holdwarden-probe-") as tmp:
         work = Path(tmp)
-        ca = generate_ca()
-        leaf = generate_serving(ca, "holdwarden", "probe", ip_addresses=["127.0.0.1"])
-        (work / "tls.crt").write_bytes(leaf.cert_pem)
-        (work / "tls.key").write_bytes(leaf.key_pem)
-        (work / "ca.crt").write_bytes(ca.cert_pem)
+        write_serving_tls(work, namespace="probe")
         command = [sys.executable, __file__, "--serve", "--cert-dir", str(work)]
         command += ["--work", str(work)]
         log = (work / "server.log").open("w")

@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.tlsfixture import write_serving_tls  # noqa: E402
 from bench.webhook_bench import Connection, http_request, start_server  # noqa: E402
-from certs.generate import generate_ca, generate_serving  # noqa: E402
 from tests.review_samples import inflate, review, trainjob  # noqa: E402
 
 SIZES = {"20KB": 20_000, "300KB": 300_000, "1.5MB": 1_500_000}
@@ -106,12 +106,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="holdwarden-large-") as tmp:
         work = Path(tmp)
-        ca = generate_ca()
-        leaf = generate_serving(ca, "holdwarden", "bench", ip_addresses=["127.0.0.1"])
-        (work / "tls.crt").write_bytes(leaf.cert_pem)
-        (work / "tls.key").write_bytes(leaf.key_pem)
-        (work / "ca.crt").write_bytes(ca.cert_pem)
-        context = ssl.create_default_context(cafile=str(work / "ca.crt"))
+        context = write_serving_tls(work)
         servers = {role: start_server(role, work, work, server_cpu) for role in ROLES}
         try:
             for request in requests.values():  # warm-up

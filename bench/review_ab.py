@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import ssl
 import statistics
 import subprocess
 import sys
@@ -33,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.large_review_bench import body_of, cpu_seconds, send  # noqa: E402
+from bench.tlsfixture import write_serving_tls  # noqa: E402
 from bench.webhook_bench import http_request, image_malloc_env  # noqa: E402
-from certs.generate import generate_ca, generate_serving  # noqa: E402
 
 
 def start(tree: Path, role: str, certs: Path, cpu: int) -> tuple[subprocess.Popen[str], int]:
@@ -80,12 +79,7 @@ def main() -> None:
     request = http_request(body_of(args.size))
     with tempfile.TemporaryDirectory(prefix="holdwarden-ab-") as tmp:
         certs = Path(tmp)
-        ca = generate_ca()
-        leaf = generate_serving(ca, "holdwarden", "bench", ip_addresses=["127.0.0.1"])
-        (certs / "tls.crt").write_bytes(leaf.cert_pem)
-        (certs / "tls.key").write_bytes(leaf.key_pem)
-        (certs / "ca.crt").write_bytes(ca.cert_pem)
-        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        context = write_serving_tls(certs)
         servers = {
             "new": start(ROOT, "enforcer", certs, server_cpu),
             "baseline": start(args.baseline.resolve(), "enforcer", certs, server_cpu),

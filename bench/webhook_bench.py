@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from certs.generate import generate_ca, generate_serving  # noqa: E402
+from bench.tlsfixture import write_serving_tls  # noqa: E402
 from holdwarden.config import Config  # noqa: E402
 from tests.review_samples import inflate, review, trainjob, workload  # noqa: E402
 from webhook.review import parse_review  # noqa: E402
@@ -504,11 +504,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="holdwarden-bench-") as tmp:
         work = Path(tmp)
-        ca = generate_ca()
-        leaf = generate_serving(ca, "holdwarden", "bench", ip_addresses=["127.0.0.1"])
-        (work / "tls.crt").write_bytes(leaf.cert_pem)
-        (work / "tls.key").write_bytes(leaf.key_pem)
-        (work / "ca.crt").write_bytes(ca.cert_pem)
+        write_serving_tls(work)
         report["fdatasync"] = fdatasync_latency(work)
         runs: dict[str, Any] = {}
         for role in ("enforcer", "floor"):
