@@ -33,9 +33,10 @@ def test_the_context_trusts_the_server_on_127_0_0_1_and_nothing_else(tmp_path: P
         server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_context)
         port = server.sockets[0].getsockname()[1]
         try:
-            _, writer = await asyncio.open_connection(
-                "127.0.0.1", port, ssl=client, server_hostname="127.0.0.1"
-            )
+            async with asyncio.timeout(10):
+                _, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, ssl=client, server_hostname="127.0.0.1"
+                )
             writer.close()
         finally:
             server.close()
