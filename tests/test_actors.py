@@ -351,11 +351,23 @@ def test_watcher_sees_every_change_in_resource_version_order(
     assert sum(t == "DELETED" for t, _ in pod_events) == 4
 
 
+def _until_failed(actor: Any, timeout: float = 30.0) -> None:
+    """Return once ``actor`` has met an error, or after ``timeout`` (the caller's
+    ``stop()`` then shows whether it did): a starved actor may need more than one pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            actor.check()
+        except ActorError:
+            return
+        time.sleep(0.05)
+
+
 def test_actor_errors_are_raised_by_stop(cluster: LocalCluster, namespace: str) -> None:
     with cluster.api_client(UNPRIVILEGED_USER) as api:
         actor = TrainerActor(api, namespace, interval=0.05)
         actor.start()
-        time.sleep(0.3)
+        _until_failed(actor)
         with pytest.raises(ActorError, match="403"):
             actor.stop()
 
@@ -476,6 +488,6 @@ def test_trainer_actor_writes_pods_as_the_job_controller(
         actor = TrainerActor(trainer_client, namespace, create_delay=0.0, pods_api=no_pods)
         actor.start()
         _create_tj(admin_client, namespace, trainjob_body("job", suspend=False))
-        time.sleep(0.5)
+        _until_failed(actor)
         with pytest.raises(ActorError, match="403"):
             actor.stop()
