@@ -740,7 +740,9 @@ def _settle(schedule: Schedule, kueue_actor: KueueActor | None, watcher: Watcher
     core = k8s.CoreV1Api(admin)
     kueue = schedule.plan.mode == "kueue"
     problems: list[str] = []
-    deadline = time.monotonic() + 8
+    # Returns as soon as the job has settled; the bound is for three schedules' actors, the
+    # gate and a watcher sharing one starved process.
+    deadline = time.monotonic() + 30
     while True:
         tj = custom.get_namespaced_custom_object(
             TRAINJOB.group, TRAINJOB.version, ns, TRAINJOB.plural, name
