@@ -2,7 +2,7 @@
 without releasing its Lease or finishing its writes).
 
 ``python -m tests.readmission_gate_process KUBECONFIG USER CHECK IDENTITY`` runs a gate
-configured as ``tests.test_readmission_kube.gate_config(CHECK)`` (short lease timings),
+configured as ``tests.test_readmission_kube.failover_gate_config(CHECK)``,
 impersonating USER, until killed or until stdin closes. It prints ``started`` once running.
 """
 
@@ -18,13 +18,13 @@ from readmission.controller import ReadmissionGate
 
 def main(argv: list[str]) -> int:
     kubeconfig, user, check, identity = argv
-    from tests.test_readmission_kube import gate_config
+    from tests.test_readmission_kube import failover_gate_config
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     loader: object = kube_config
     api = loader.new_client_from_config(config_file=kubeconfig)  # type: ignore[attr-defined]
     api.default_headers["Impersonate-User"] = user
-    gate = ReadmissionGate(gate_config(check), api, identity=identity)
+    gate = ReadmissionGate(failover_gate_config(check), api, identity=identity)
     gate.start()
     print("started", flush=True)
     try:

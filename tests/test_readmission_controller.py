@@ -33,7 +33,7 @@ from readmission.decisions import GateAction, granted_attempt
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
 from tests.actors import KueueActor, TrainerActor, Watcher, WatchEvent
-from tests.test_readmission_kube import check_name, gate_config
+from tests.test_readmission_kube import check_name, failover_gate_config, gate_config
 
 __all__ = ["check_name"]  # the fixture, re-used
 
@@ -221,7 +221,7 @@ def test_leader_killed_under_load_no_double_ready_no_double_attempt(
     loop; the follower (in this process) takes over within the lease duration. In every
     committed state: each admission is granted by exactly one transition into Ready, with
     the attempts 1, 2, 3, ... in order, and P/attempt rises by exactly one per grant."""
-    config = gate_config(check_name)
+    config = failover_gate_config(check_name)  # as gate A's process has it
     lease = config.readmission.lease_name
     lease_seconds = config.readmission.lease_duration.total_seconds()
     retry_seconds = config.readmission.retry_period.total_seconds()

@@ -71,6 +71,15 @@ def gate_config(check_name: str, **readmission: Any) -> Config:
     return Config(readmission=ReadmissionConfig(**settings))
 
 
+def failover_gate_config(check_name: str) -> Config:
+    """``gate_config`` with a leader that renews in time on a starved machine: a renewal may
+    take 4 s (not 2 s) before the leader steps down, and the Lease lasts 6 s. The failover
+    test kills the leader and requires that the follower wrote nothing before the kill."""
+    return gate_config(
+        check_name, lease_duration=timedelta(seconds=6), renew_deadline=timedelta(seconds=4)
+    )
+
+
 def _gate(cluster: LocalCluster, check_name: str) -> ReadmissionGate:
     return ReadmissionGate(gate_config(check_name), cluster.api_client(ENFORCER_IDENTITY))
 
