@@ -224,8 +224,18 @@ def test_from_an_empty_namespace_to_serving_with_no_manual_step(
     with pytest.raises(ApiException) as absent:
         core.read_namespaced_secret(certs.secret_name, namespace, _request_timeout=30)
     assert absent.value.status == 404
-    # Before anything is served, the apiserver cannot call the webhook.
-    assert refused_probe(admin_client, namespace) not in ("refused", "allowed")
+    # Before anything is served, the apiserver cannot call the webhook. It learns of the
+    # configuration through an informer, a moment after the create: until then the probe
+    # is "allowed" (no webhook called); poll (bounded) for the failed call. A "refused"
+    # (something answered at the port by the rule) ends the poll and fails.
+    before: list[str] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        before.append(refused_probe(admin_client, namespace))
+        if before[-1] == "refused" or "failed calling webhook" in before[-1]:
+            break
+        time.sleep(0.1)
+    assert "failed calling webhook" in before[-1], before[-3:]
 
     replica = start_replica(config_for(certs, port, tmp_path), admin_client, "only")
     try:
@@ -273,7 +283,15 @@ def test_rotation_under_traffic_fails_no_apiserver_call(
 ) -> None:
     """CA 60 s (rotated from 20 s on), serving 30 s (renewed from 10 s on): in 50 s the
     leader renews and rotates several times while the apiserver is driven through the
-    webhook and fresh handshakes trust the injected bundle; nothing may fail."""
+    webhook and fresh handshakes trust the injected bundle; nothing may fail.
+
+    That no call fails depends on ``propagationDelay`` outlasting the apiserver's lag in
+    loading the injected two-CA bundle (its informer, slow on a starved machine): 5 s
+    here. It fits: at a CA rotation the serving certificate being replaced has at least
+    ``renewBefore`` (20 s) left, so it stays valid through the wait; from creation (t=0)
+    the writes go renew t=10, rotate-ca t=20, renew onto the new CA t=25, prune t=31.5
+    (``propagationDelay`` + 3 intervals after that renewal), renew t=35, rotate-ca t=40:
+    every write the asserts below count is made well inside the 50 s loop."""
     namespace, token = setup
     port = free_port()
     certs = settings(
@@ -283,6 +301,7 @@ def test_rotation_under_traffic_fails_no_apiserver_call(
         ca_renew_before=timedelta(seconds=40),
         validity=timedelta(seconds=30),
         renew_before=timedelta(seconds=20),
+        propagation_delay=timedelta(seconds=5),
     )
     k8s.AdmissionregistrationV1Api(admin_client).create_validating_webhook_configuration(
         webhook_configuration(certs.webhook_configuration, token, [port])
