@@ -40,6 +40,7 @@ from rig.builders import kueue_workload_body, trainjob_body, workload_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from tests.adapters import BlockingAsyncAdapter
 from tests.netfaults import BufferingWatchProxy
+from tests.rbac_helpers import wait_allowed
 
 pytestmark = pytest.mark.controlplane
 
@@ -1014,6 +1015,7 @@ def test_without_the_watch_right_retries_read_with_gets(
     ref = Ref(kc.ns, "job")
     api = cluster.api_client(user)
     try:
+        wait_allowed(api, "get", f"{TRAINJOB.plural}.{TRAINJOB.group}", kc.ns)
         config = Config(
             mode="plain", holder=HOLDER, apiserver_request_timeout=cluster.request_timeout
         )
@@ -1279,6 +1281,8 @@ def test_unsupported_in_kueue_mode_without_workload_update(
     ref, wl_name = kc.kueue_job("job")
     api = cluster.api_client(user)
     try:
+        wait_allowed(api, "get", f"{WORKLOAD.plural}.{WORKLOAD.group}", kc.ns)
+        wait_allowed(api, "create", f"{TRAINJOB.plural}.{TRAINJOB.group}", kc.ns)
         adapter = make(cluster, api, "kueue")
         with pytest.raises(Unsupported, match="may not update Workloads"):
             adapter.hold(ref, meta(1), "r")

@@ -23,6 +23,7 @@ from adapter.kube import FIELD_MANAGER, Request
 from holdwarden.cli import main
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB
 from rig.localcluster import LocalCluster
+from tests.rbac_helpers import wait_allowed
 from tests.test_adapter_kube import A as KEYS
 from tests.test_adapter_kube import Cluster, hold_annotations, make, meta
 
@@ -219,8 +220,11 @@ def test_close_and_context_manager_leave_the_callers_client_working(
 # ==== preflight: cached, refreshable, light in the CLI, after the call's own errors ====
 
 
-def _operator(admin: k8s.ApiClient, ns: str, verbs: list[str], name: str = "operator") -> str:
-    """A user with ``verbs`` on TrainJobs in ``ns`` and nothing else (no create)."""
+def _operator(
+    cluster: LocalCluster, admin: k8s.ApiClient, ns: str, verbs: list[str], name: str = "operator"
+) -> str:
+    """A user with ``verbs`` on TrainJobs in ``ns`` and nothing else (no create), returned
+    once the apiserver's authorizer applies the new binding."""
     user = f"{name}-{ns}"
     rbac = k8s.RbacAuthorizationV1Api(admin)
     rule = {"apiGroups": [TRAINJOB.group], "resources": [TRAINJOB.plural], "verbs": verbs}
@@ -232,6 +236,8 @@ def _operator(admin: k8s.ApiClient, ns: str, verbs: list[str], name: str = "oper
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
     }
     rbac.create_namespaced_role_binding(ns, binding)
+    with cluster.api_client(user) as api:
+        wait_allowed(api, verbs[0], f"{TRAINJOB.plural}.{TRAINJOB.group}", ns)
     return user
 
 
@@ -240,7 +246,7 @@ def test_a_missing_trainjob_is_not_found_even_where_hold_is_unsupported(
 ) -> None:
     """Before: the lazy preflight ran first, so a missing TrainJob was reported Unsupported
     (the round trip needs create, which this operator lacks)."""
-    user = _operator(admin_client, kc.ns, ["get", "patch"])
+    user = _operator(cluster, admin_client, kc.ns, ["get", "patch"])
     kc.create_trainjob("job")
     with cluster.api_client(user) as api, make(cluster, api, "plain") as adapter:
         with pytest.raises(NotFound):
@@ -255,7 +261,7 @@ def test_a_missing_trainjob_is_not_found_even_where_hold_is_unsupported(
 def test_access_preflight_needs_no_create_right_and_sends_no_dry_run(
     cluster: LocalCluster, admin_client: k8s.ApiClient, kc: Cluster
 ) -> None:
-    user = _operator(admin_client, kc.ns, ["get", "patch"])
+    user = _operator(cluster, admin_client, kc.ns, ["get", "patch"])
     kc.create_trainjob("job")
     ref = Ref(kc.ns, "job")
     with cluster.api_client(user) as api, make(cluster, api, "plain", lazy_preflight="access") as a:
@@ -265,7 +271,7 @@ def test_access_preflight_needs_no_create_right_and_sends_no_dry_run(
     assert "dry-run-create" not in verbs and verbs.count("access-review") == 1, verbs
     assert hold_annotations(kc.trainjob("job")) == {}
     # Without update, the light check says Unsupported, naming the missing right.
-    reader = _operator(admin_client, kc.ns, ["get"], name="reader")
+    reader = _operator(cluster, admin_client, kc.ns, ["get"], name="reader")
     with (
         cluster.api_client(reader) as api,
         make(cluster, api, "plain", lazy_preflight="access") as a,

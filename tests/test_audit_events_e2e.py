@@ -35,11 +35,11 @@ from holdwarden.vocabulary import TRAINJOB, event_reason
 from rig.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
 from tests.enforcer_tls import run_in_thread
 from tests.kustomize import render
+from tests.rbac_helpers import wait_allowed
 from tests.shipped_webhook import (
     local_registration,
     local_webhook,
 )
-from tests.test_manifests_render import _wait_allowed
 from tests.test_webhook_e2e import (
     MERGE,
     WEBHOOK_NAME,
@@ -154,7 +154,7 @@ def events_role(cluster: LocalCluster) -> Iterator[None]:
         authz.create_cluster_role_binding(binding)
         try:
             with cluster.api_client(ACCOUNT) as account:
-                _wait_allowed(cluster, account, "default", "create", "events.events.k8s.io")
+                wait_allowed(account, "create", "events.events.k8s.io", "default")
             yield
         finally:
             authz.delete_cluster_role_binding(name)

@@ -28,6 +28,7 @@ from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
 from tests.kustomize import render
+from tests.rbac_helpers import may, wait_allowed
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -367,34 +368,6 @@ def _bind(
     assert status == 201, answer
 
 
-def _may(cluster: LocalCluster, api: k8s.ApiClient, namespace: str, verb: str, what: str) -> bool:
-    """SelfSubjectAccessReview for ``verb`` on ``what`` (``resource.group``)."""
-    resource, _, group = what.partition(".")
-    review = {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {
-            "resourceAttributes": {
-                "namespace": namespace, "verb": verb, "group": group, "resource": resource,
-            }
-        },
-    }  # fmt: skip
-    path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
-    status, answer, _ = _call(cluster, api, "POST", path, review)
-    assert status == 201, answer
-    return bool(answer["status"].get("allowed"))
-
-
-def _wait_allowed(
-    cluster: LocalCluster, api: k8s.ApiClient, namespace: str, verb: str, what: str
-) -> None:
-    """RBAC changes reach the authorizer through a watch: wait (bounded) until they have."""
-    deadline = time.monotonic() + 20
-    while not _may(cluster, api, namespace, verb, what):
-        assert time.monotonic() < deadline, f"{verb} {what} never allowed"
-        time.sleep(0.1)
-
-
 @pytest.mark.controlplane
 @pytest.mark.parametrize("mode", ["kueue", "plain"])
 def test_supervisor_roles_are_enough_for_preflight(
@@ -405,7 +378,11 @@ def test_supervisor_roles_are_enough_for_preflight(
     _bind(cluster, admin_client, user, "holdwarden-supervisor-cluster", None)
     api = cluster.api_client(user)
     try:
-        _wait_allowed(cluster, api, namespace, WRITE_VERB, "workloads.kueue.x-k8s.io")
+        wait_allowed(api, WRITE_VERB, "workloads.kueue.x-k8s.io", namespace)
+        # The cluster-wide binding: preflight lists ClusterTrainingRuntimes and follows
+        # LocalQueues to their ClusterQueues.
+        wait_allowed(api, "list", "clustertrainingruntimes.trainer.kubeflow.org")
+        wait_allowed(api, "get", "clusterqueues.kueue.x-k8s.io")
         adapter = Adapter(Config.from_dict({"mode": mode}), api)
         try:
             result = adapter.preflight(namespace)
@@ -446,7 +423,7 @@ def test_supervisor_role_lets_a_conflicted_call_retry_from_a_watch(
     touched: list[int] = []
     api = cluster.api_client(user)
     try:
-        _wait_allowed(cluster, api, namespace, "watch", "trainjobs.trainer.kubeflow.org")
+        wait_allowed(api, "watch", "trainjobs.trainer.kubeflow.org", namespace)
         adapter = Adapter(
             Config.from_dict({"mode": "plain"}), api, lazy_preflight="access", before_request=touch
         )
@@ -462,7 +439,7 @@ def test_supervisor_role_lets_a_conflicted_call_retry_from_a_watch(
     assert verbs[-3:] == ["update", "watch", "update"], verbs
     workload_api = cluster.api_client(user)
     try:
-        assert _may(cluster, workload_api, namespace, "watch", "workloads.kueue.x-k8s.io")
+        assert may(workload_api, "watch", "workloads.kueue.x-k8s.io", namespace)
     finally:
         workload_api.close()  # type: ignore[no-untyped-call]
     held = custom.get_namespaced_custom_object(*coords, "job")
@@ -481,11 +458,11 @@ def test_operator_roles_view_and_hold(
     for user, may_hold in ((viewer, False), (holder, True)):
         api = cluster.api_client(user)
         try:
-            _wait_allowed(cluster, api, namespace, "get", "trainjobs.trainer.kubeflow.org")
+            wait_allowed(api, "get", "trainjobs.trainer.kubeflow.org", namespace)
             # Operators never create (preflight's dry runs are the supervisor's).
-            assert not _may(cluster, api, namespace, "create", "trainjobs.trainer.kubeflow.org")
+            assert not may(api, "create", "trainjobs.trainer.kubeflow.org", namespace)
             for what in ("workloads.kueue.x-k8s.io", "trainjobs.trainer.kubeflow.org"):
-                assert _may(cluster, api, namespace, WRITE_VERB, what) is may_hold, (user, what)
+                assert may(api, WRITE_VERB, what, namespace) is may_hold, (user, what)
             adapter = Adapter(Config(), api, lazy_preflight="access")
             try:
                 # status: the read is allowed, so a missing TrainJob is "not found".
