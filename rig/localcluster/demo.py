@@ -58,6 +58,7 @@ from rig.localcluster.realstory import (
     eventually,
     make_admission_check,
     make_queues,
+    wait_until_enforced,
     with_requests,
 )
 
@@ -201,6 +202,14 @@ def _inject(cluster: LocalCluster, ca_bundle: Path) -> None:
     )  # fmt: skip
 
 
+def _wait_enforced(api: k8s.ApiClient, namespace: str) -> None:
+    """Wait until the API server calls the enforcer for ``namespace``: it loads the
+    webhook configuration and the injected caBundle a moment after they are written, and
+    until then a TrainJob write would fail (failurePolicy Fail)."""
+    wait_until_enforced(api, namespace)
+    print(f"   the API server calls the enforcer in {namespace}: a dry-run canary is refused")
+
+
 def _play_kueue(api: k8s.ApiClient, namespace: str, name: str) -> threading.Thread:
     """Play Kueue's one step here: create the TrainJob's Workload once it exists."""
     custom = k8s.CustomObjectsApi(api)
@@ -318,7 +327,10 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path, real:
         print(f"   {_refusal(exc)}")
     show("Workload still inactive", workload()["spec"]["active"] is False)
 
-    say("The audit trail (holdwarden audit): the refusal above, and preflight's dry-run probe")
+    say(
+        "The audit trail (holdwarden audit): the demo's dry-run canary, preflight's dry-run "
+        "probe and the refusal above"
+    )
     subprocess.run(_holdwarden("audit", "--log", str(audit_log)), check=True)
 
     say("Hold instance 2 supersedes 1; a late Release of instance 1 must not lift it")
@@ -476,6 +488,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 _register_webhook(api, url)
                 _inject(cluster, ca_bundle)
                 namespace = cluster.create_namespace("team-a", labels={DEMO_LABEL: "true"})
+                _wait_enforced(api, namespace)
                 if real:
                     queue = make_queues(api, namespace, admission_checks=[check])
                     print(f"   ClusterQueue {queue} admits through AdmissionCheck {check}")

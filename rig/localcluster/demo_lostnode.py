@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from kubernetes import client as k8s
 
@@ -37,11 +36,24 @@ from rig.localcluster.realstory import (
 
 NODES = 3
 WAIT_S = 10.0
-"""How long the demo shows the released job waiting on the lost node's pods."""
+"""How long the demo shows the released job waiting on the lost node's pods, once the gate
+has said why."""
+REMAIN = "pod(s) of the previous execution remain"
+"""What the readmission gate's message says while the lost node's pods remain."""
 
 
 def _meta(instance: int | None = None) -> CallMeta:
     return CallMeta(datetime.now(UTC) + timedelta(seconds=30), instance)
+
+
+def _gate_message(objects: Objects, check: str, says: str) -> str | None:
+    """The message of the Workload's AdmissionCheck ``check``, once it contains ``says``."""
+    workload = objects.workload() or {}
+    for entry in (workload.get("status") or {}).get("admissionChecks") or []:
+        message = str(entry.get("message") or "")
+        if entry.get("name") == check and says in message:
+            return message
+    return None
 
 
 def lost_node_story(workdir: Path) -> None:
@@ -70,6 +82,7 @@ def lost_node_story(workdir: Path) -> None:
             demo._register_webhook(api, url)
             demo._inject(cluster, _ca_bundle)
             namespace = cluster.create_namespace("team-a", labels={demo.DEMO_LABEL: "true"})
+            demo._wait_enforced(api, namespace)
             make_queues(api, namespace, admission_checks=[check])
             objects = Objects(api, namespace, "llm-pretrain")
             adapter = Adapter(Config(mode="kueue", holder="dispatch"), supervisor_api)
@@ -121,18 +134,20 @@ def lost_node_story(workdir: Path) -> None:
 
             demo.say("Release while the lost node's pods remain")
             adapter.release(ref, _meta(1))
-            time.sleep(WAIT_S)
-            workload = objects.workload() or {}
-            entry: dict[str, Any] = next(
-                (c for c in (workload.get("status") or {}).get("admissionChecks") or []
-                 if c.get("name") == check),
-                {},
-            )  # fmt: skip
-            still = objects.suspended() and objects.attempt() == "1"
-            print(f"   {at()} after {WAIT_S:.0f}s: " + (
+            message = eventually(
+                lambda: _gate_message(objects, check, REMAIN),
+                "the readmission gate says the previous execution's pods remain",
+                120,
+            )
+            print(f"   {at()} gate: {message}")
+            shown = time.monotonic()
+            still = True
+            while still and time.monotonic() - shown < WAIT_S:
+                still = objects.suspended() and objects.attempt() == "1"
+                time.sleep(1)
+            print(f"   {at()} for {WAIT_S:.0f}s after that: " + (
                 "the readmission gate keeps the job waiting" if still
                 else "!! the job was readmitted while the lost node's pods remain"))  # fmt: skip
-            print(f"   gate: {entry.get('message')}")
 
             demo.say("The proof: the machine is confirmed off, its pods are force-deleted")
             core = k8s.CoreV1Api(api)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
@@ -24,7 +25,9 @@ from holdwarden.vocabulary import (
     TRAINJOB,
     WORKLOAD,
     Annotations,
+    RuleId,
 )
+from rig.builders import trainjob_body
 
 LOCAL_QUEUE = "user-queue"
 
@@ -76,6 +79,44 @@ def eventually(probe: Callable[[], Any], what: str, timeout: float = 120.0) -> A
         if time.monotonic() >= deadline:
             raise NotWithin(f"not within {timeout:.0f}s: {what}")
         time.sleep(0.2)
+
+
+def wait_until_enforced(admin: k8s.ApiClient, namespace: str, timeout: float = 60.0) -> None:
+    """Return once the apiserver calls the enforcer for writes in ``namespace`` (and the
+    enforcer refuses); else NotWithin, naming the last answer.
+
+    Why: the apiserver loads webhook configurations through an informer, so a
+    configuration just created or changed (``holdwarden certs inject`` writes its
+    caBundle) takes effect a moment later. Until then a write is not judged, or, with a
+    version that has no caBundle yet, fails TLS verification under ``failurePolicy: Fail``.
+    The canary is a dry-run create (nothing is stored) of a TrainJob that carries a hold
+    but is not suspended: only the enforcer refuses it, by ``held-trainjob-suspended``.
+    """
+    canary = trainjob_body("holdwarden-canary", suspend=False)
+    canary["metadata"]["annotations"] = {Annotations().hold_instance: "1"}
+    custom = k8s.CustomObjectsApi(admin)
+    last: list[str] = ["no answer yet"]
+
+    def refused() -> bool:
+        try:
+            custom.create_namespaced_custom_object(
+                TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, canary,
+                dry_run="All",
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 403 and RuleId.HELD_TRAINJOB_SUSPENDED in (exc.body or ""):
+                return True
+            # Not (yet) the enforcer: a failed call, or Trainer's or Kueue's webhook
+            # refusing the canary first. Try again.
+            last[0] = f"HTTP {exc.status}: {exc.body or exc.reason}"
+            return False
+        last[0] = "allowed"
+        return False
+
+    try:
+        eventually(refused, f"the apiserver calls the enforcer in {namespace}", timeout)
+    except NotWithin as exc:
+        raise NotWithin(f"{exc} (last answer: {last[0]})") from None
 
 
 def with_requests(body: dict[str, Any]) -> dict[str, Any]:

@@ -199,8 +199,15 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
         lambda: story.objects.all_terminating_on(lost), "the lost node's pods Terminating", 120
     )
     # Every pod so far is the first execution's (A is 1): those that ran, and those the
-    # Job controller made to replace the evicted ones.
-    first = {str(e.obj["metadata"]["uid"]) for e in story.watcher.events() if e.kind == "pod"}
+    # Job controller made to replace the evicted ones. The fence first, so that no pod
+    # event already committed is still on its way to the watcher; the fence pod itself
+    # (no job label) is no pod of the job.
+    fence = story.watcher.fence_pods()
+    first = {
+        str(e.obj["metadata"]["uid"])
+        for e in story.watcher.events()
+        if e.kind == "pod" and e.obj["metadata"]["name"] != fence
+    }
     observed = adapter.observe(job)
     assert observed.state is State.HELD, observed
     left = {str(p.metadata.name) for p in story.objects.pods_on(lost) if p.metadata}
