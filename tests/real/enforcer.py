@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,21 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
-from holdwarden.vocabulary import TRAINJOB, Annotations
 from readmission.controller import ReadmissionGate
-from rig.builders import trainjob_body
 from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
-from rig.localcluster.realstory import make_admission_check
+from rig.localcluster.realstory import make_admission_check, wait_until_enforced
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.server import EnforcerServer
 
 ENFORCED_LABEL = "holdwarden.io/real-e2e"
+ENFORCER_WEBHOOK = "holds.holdwarden.io"
+"""The enforcer's webhook name in these tests: a controller's log names it in a denial."""
 
 
 @dataclass
@@ -85,25 +83,6 @@ def _enforcer_thread(config: Config, tls: ReloadingTLS) -> Iterator[EnforcerServ
         loop.close()
 
 
-def _wait_until_enforced(admin: k8s.ApiClient, namespace: str) -> None:
-    """The apiserver picks up a new configuration a moment after it is created."""
-    probe = trainjob_body("probe", suspend=False)
-    probe["metadata"]["annotations"] = {Annotations().hold_instance: "1"}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            k8s.CustomObjectsApi(admin).create_namespaced_custom_object(
-                TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, probe,
-                dry_run="All",
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status == 403 and "held-trainjob-suspended" in (exc.body or ""):
-                return
-            # Trainer's or Kueue's webhook may refuse the probe first; try again.
-        time.sleep(0.2)
-    raise AssertionError("the apiserver never called the enforcer")
-
-
 @contextmanager
 def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
     """The enforcer registered in the apiserver, and the readmission gate running."""
@@ -141,7 +120,7 @@ def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
                     "metadata": {"name": name},
                     "webhooks": [
                         {
-                            "name": "holds.holdwarden.io",
+                            "name": ENFORCER_WEBHOOK,
                             "admissionReviewVersions": ["v1"],
                             "sideEffects": "None",
                             "failurePolicy": "Fail",
@@ -164,7 +143,7 @@ def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
                     probe_ns = cluster.create_namespace(
                         f"probe-{token}", labels={ENFORCED_LABEL: token}
                     )
-                    _wait_until_enforced(admin, probe_ns)
+                    wait_until_enforced(admin, probe_ns)
                     yield Enforcement(work / "audit.jsonl", token, check_name)
                 finally:
                     registrations.delete_validating_webhook_configuration(name)

@@ -10,7 +10,7 @@ from adapter import CallMeta
 from rig.localcluster import LocalCluster
 from rig.localcluster.realstory import controller_refusals
 from tests.actors import WatchEvent
-from tests.real.enforcer import Enforcement
+from tests.real.enforcer import ENFORCER_WEBHOOK, Enforcement
 
 
 def meta(instance: int | None = None, seconds: float = 30) -> CallMeta:
@@ -34,12 +34,21 @@ def live_pod_sets(events: list[WatchEvent]) -> list[set[str]]:
 
 
 def assert_no_false_positives(cluster: LocalCluster, enforcement: Enforcement) -> None:
-    """The enforcer refused no controller's write, and no controller logged a denial."""
+    """The enforcer refused no controller's write, and no controller logged a denial by it.
+
+    Only denials by holdwarden's webhook count: the controllers' own webhooks may refuse
+    one another for a moment on a starved machine (JobSet's ``mjob.kb.io`` refused a Job
+    whose JobSet its cache did not have yet), which is theirs to retry and not ours.
+    """
     refused = controller_refusals(enforcement.audit())
     assert not refused, f"the enforcer refused controllers' writes: {refused}"
     assert cluster.controllers is not None
     denials = {
-        name: [line for line in log.splitlines() if "denied the request" in line][:5]
+        name: [
+            line
+            for line in log.splitlines()
+            if "denied the request" in line and ENFORCER_WEBHOOK in line
+        ][:5]
         for name, log in cluster.controllers.logs().items()
     }
     assert not any(denials.values()), f"controllers logged denials: {denials}"
