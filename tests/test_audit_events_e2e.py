@@ -33,6 +33,7 @@ from certs.reload import ReloadingTLS
 from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, event_reason
 from rig.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
+from rig.localcluster.realstory import wait_until_enforced
 from tests.enforcer_tls import run_in_thread
 from tests.kustomize import render
 from tests.rbac_helpers import wait_allowed
@@ -43,7 +44,6 @@ from tests.shipped_webhook import (
 from tests.test_webhook_e2e import (
     MERGE,
     WEBHOOK_NAME,
-    _wait_until_enforced,
     held_trainjob,
     patch,
     refused,
@@ -111,7 +111,7 @@ def hooked_enforcer(
         registrations.create_validating_webhook_configuration(body)
         try:
             hooked = Hooked(server, token, cluster)
-            _wait_until_enforced(admin, hooked.namespace())
+            wait_until_enforced(admin, hooked.namespace())
             yield hooked
         finally:
             registrations.delete_validating_webhook_configuration(name)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import LocalCluster
+from rig.localcluster.realstory import wait_until_enforced
 from tests.enforcer_tls import run_in_thread
 from tests.shipped_webhook import (
     local_registration,
@@ -109,29 +109,11 @@ def enforcer(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
         registrations.create_validating_webhook_configuration(body)
         try:
             hook = Enforcer(server, work / "audit.jsonl", token, cluster, work / "ca.crt")
-            _wait_until_enforced(admin, hook.namespace())
+            wait_until_enforced(admin, hook.namespace())
             yield hook
         finally:
             registrations.delete_validating_webhook_configuration(vwc_name)
             stop()
-
-
-def _wait_until_enforced(admin: k8s.ApiClient, namespace: str) -> None:
-    """The apiserver picks up a new configuration a moment after it is created."""
-    probe = trainjob_body("probe", suspend=False)
-    probe["metadata"]["annotations"] = {A.hold_instance: "1"}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            custom(admin).create_namespaced_custom_object(
-                TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural, probe, dry_run="All"
-            )
-        except ApiException as exc:
-            if exc.status == 403 and "held-trainjob-suspended" in (exc.body or ""):
-                return
-            raise
-        time.sleep(0.2)
-    raise AssertionError("the apiserver never called the enforcer")
 
 
 # --- helpers ---------------------------------------------------------------------------------
