@@ -52,6 +52,7 @@ from rig.localcluster import (
 from rig.localcluster.ports import free_port
 from rig.localcluster.realstory import (
     LOCAL_QUEUE,
+    PODS_REMAIN,
     Objects,
     condition,
     controller_refusals,
@@ -345,9 +346,17 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path, real:
     if real:
         say("The supervisor releases instance 2, but a pod of the held execution remains")
         adapter.release(ref, CallMeta(_deadline(), instance=2))
-        time.sleep(5)  # long enough for several gate passes and Kueue's reaction
-        if objects.suspended():
-            print("   the readmission gate keeps the job waiting: still suspended after 5s")
+        message = eventually(
+            lambda: objects.check_message(READMISSION_CHECK, PODS_REMAIN),
+            "the readmission gate says the held execution's pod remains",
+        )
+        print(f"   gate: {message}")
+        shown, still = time.monotonic(), True
+        while still and time.monotonic() - shown < 5:  # several gate passes, Kueue reacting
+            still = objects.suspended()
+            time.sleep(0.5)
+        if still:
+            print("   the readmission gate keeps the job waiting: still suspended 5s later")
         else:
             print("   !! re-admitted while a pod of the held execution remains")
         _observe(adapter, ref)

@@ -27,6 +27,7 @@ from rig.localcluster.nodes import ready_status, unreachable_taint
 from rig.localcluster.rbac import SUPERVISOR_IDENTITY
 from rig.localcluster.realstory import (
     LOCAL_QUEUE,
+    PODS_REMAIN,
     NotWithin,
     Objects,
     eventually,
@@ -38,22 +39,10 @@ NODES = 3
 WAIT_S = 10.0
 """How long the demo shows the released job waiting on the lost node's pods, once the gate
 has said why."""
-REMAIN = "pod(s) of the previous execution remain"
-"""What the readmission gate's message says while the lost node's pods remain."""
 
 
 def _meta(instance: int | None = None) -> CallMeta:
     return CallMeta(datetime.now(UTC) + timedelta(seconds=30), instance)
-
-
-def _gate_message(objects: Objects, check: str, says: str) -> str | None:
-    """The message of the Workload's AdmissionCheck ``check``, once it contains ``says``."""
-    workload = objects.workload() or {}
-    for entry in (workload.get("status") or {}).get("admissionChecks") or []:
-        message = str(entry.get("message") or "")
-        if entry.get("name") == check and says in message:
-            return message
-    return None
 
 
 def lost_node_story(workdir: Path) -> None:
@@ -135,7 +124,7 @@ def lost_node_story(workdir: Path) -> None:
             demo.say("Release while the lost node's pods remain")
             adapter.release(ref, _meta(1))
             message = eventually(
-                lambda: _gate_message(objects, check, REMAIN),
+                lambda: objects.check_message(check, PODS_REMAIN),
                 "the readmission gate says the previous execution's pods remain",
                 120,
             )

@@ -30,6 +30,8 @@ from holdwarden.vocabulary import (
 from rig.builders import trainjob_body
 
 LOCAL_QUEUE = "user-queue"
+PODS_REMAIN = "pod(s) of the previous execution remain"
+"""What the readmission gate's check message says while the held execution's pods remain."""
 
 KEEP_FINALIZER = "test.holdwarden.io/keep"
 """Keeps one pod of an execution alive after its deletion (no kubelet here ends pods
@@ -245,6 +247,15 @@ class Objects:
     def workload(self) -> dict[str, Any] | None:
         items = self.workloads()
         return items[0] if items else None
+
+    def check_message(self, check: str, says: str) -> str | None:
+        """The message of the Workload's AdmissionCheck ``check``, once it contains ``says``."""
+        workload = self.workload() or {}
+        for entry in (workload.get("status") or {}).get("admissionChecks") or []:
+            message = str(entry.get("message") or "")
+            if entry.get("name") == check and says in message:
+                return message
+        return None
 
     def pods(self) -> list[k8s.V1Pod]:
         return list(
