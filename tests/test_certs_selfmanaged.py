@@ -140,6 +140,25 @@ def wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
     raise AssertionError(f"{what}: not within {seconds:.0f} s")
 
 
+def probe_until(
+    api: k8s.ApiClient,
+    namespace: str,
+    done: Callable[[str], bool],
+    seconds: float = 30,
+    interval: float = 0.2,
+) -> list[str]:
+    """``refused_probe`` again until ``done`` holds for its outcome, or ``seconds`` pass;
+    every outcome, in order (the caller asserts on the last)."""
+    outcomes: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        outcomes.append(refused_probe(api, namespace))
+        if done(outcomes[-1]):
+            break
+        time.sleep(interval)
+    return outcomes
+
+
 def sole_leader(replicas: list[Replica], seconds: float = 30) -> Replica:
     """The one replica that leads, seen so on two reads in a row (0.1 s apart), polled.
 
@@ -228,13 +247,12 @@ def test_from_an_empty_namespace_to_serving_with_no_manual_step(
     # configuration through an informer, a moment after the create: until then the probe
     # is "allowed" (no webhook called); poll (bounded) for the failed call. A "refused"
     # (something answered at the port by the rule) ends the poll and fails.
-    before: list[str] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        before.append(refused_probe(admin_client, namespace))
-        if before[-1] == "refused" or "failed calling webhook" in before[-1]:
-            break
-        time.sleep(0.1)
+    before = probe_until(
+        admin_client,
+        namespace,
+        lambda outcome: outcome == "refused" or "failed calling webhook" in outcome,
+        interval=0.1,
+    )
     assert "failed calling webhook" in before[-1], before[-3:]
 
     replica = start_replica(config_for(certs, port, tmp_path), admin_client, "only")
@@ -250,13 +268,7 @@ def test_from_an_empty_namespace_to_serving_with_no_manual_step(
         assert bundles == [base64.b64decode(secret.data["ca.crt"])]
         assert handshake(port, bundles[0]) == ""
         # The apiserver now calls the enforcer: a refusal is the enforcer's own 403.
-        outcomes: list[str] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            outcomes.append(refused_probe(admin_client, namespace))
-            if outcomes[-1] == "refused":
-                break
-            time.sleep(0.2)
+        outcomes = probe_until(admin_client, namespace, lambda outcome: outcome == "refused")
         assert outcomes[-1] == "refused", outcomes
         assert replica.tls.writes.get("create") == 1
         assert replica.tls.writes.get("inject") == 1
