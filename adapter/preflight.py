@@ -16,8 +16,9 @@ The capabilities (docs/adapter.md, "Preflight"):
 - ``enforcer_installed``: a dry-run create of the held kind carrying a hold instance
   without its hold field, which the enforcer must refuse by the mode's rule
   (``enforcer_verdict``, ``EnforcerVerdict``).
-- ``extra``: ``readmissionGate`` and ``multiKueue`` (Kueue mode, ``GateProbe``) and
-  ``holdOwnership`` (``ownership_capability``). Reported, not conditions of Hold.
+- ``extra``: ``readmissionGate`` and ``multiKueue`` (Kueue mode, ``GateProbe``),
+  ``holdOwnership`` (``ownership_capability``) and ``kueueWithoutQueueName``
+  (``queueless_capability``). Reported, not conditions of Hold.
 
 ``AdapterCore`` owns the cache (one result per namespace) and decides when preflight runs
 (``Adapter.preflight()``, or lazily on a namespace's first Hold or Release).
@@ -54,6 +55,7 @@ from holdwarden.vocabulary import (
     CLUSTERTRAININGRUNTIME,
     LOCALQUEUE,
     MULTIKUEUE_CONTROLLER,
+    QUEUE_NAME_LABEL,
     TRAININGRUNTIME,
     TRAINJOB,
     WORKLOAD,
@@ -172,6 +174,7 @@ class Preflight:
             extra["readmissionGate"] = gate.readmission_gate
             extra["multiKueue"] = gate.multikueue
         extra["holdOwnership"] = yield from self.ownership(deadline)
+        extra["kueueWithoutQueueName"] = yield from self.queueless(namespace, deadline)
         round_trip = yield from self.round_trip(namespace, deadline, runtime)
         update_workloads = yield from self.access(
             namespace, WRITE_VERB, WORKLOAD.group, WORKLOAD.plural, deadline
@@ -293,6 +296,34 @@ class Preflight:
                 )
             )
         return gate_probe(namespace, controller, found)
+
+    def queueless(self, namespace: str, deadline: datetime | None) -> Operation[Capability]:
+        """Does holdwarden see Kueue's ``manageJobsWithoutQueueName`` as Kueue does here?
+
+        Reads the namespace's labels (when the setting is on) and up to 100 Workloads and
+        TrainJobs: a Workload whose controller is a TrainJob without the queue-name label
+        shows that Kueue manages such TrainJobs here (``queueless_capability``)."""
+        config = self.config
+        labels: dict[str, str] | None = None
+        problem = ""
+        if config.kueue_manage_jobs_without_queue_name:
+            req = Request("get", "namespaces", "", namespace)
+            http = Http("GET", f"/api/v1/namespaces/{namespace}")
+            try:
+                found = yield from self._send(req, deadline, http)
+                raw = (found.get("metadata") or {}).get("labels") or {}
+                labels = {str(k): str(v) for k, v in raw.items()}
+            except ApiStatusError as exc:
+                problem = f"could not read Namespace {namespace}: {api_message(exc)}"
+        try:
+            workloads = yield from self._list(WORKLOAD, namespace, deadline, limit=100)
+            trainjobs = yield from self._list(TRAINJOB, namespace, deadline, limit=100)
+        except ApiStatusError as exc:
+            workloads, trainjobs = [], []
+            problem = problem or f"could not list Workloads and TrainJobs: {api_message(exc)}"
+        return queueless_capability(
+            self.mode, config, namespace, labels, workloads, trainjobs, problem
+        )
 
     def access(
         self, namespace: str, verb: str, group: str, resource: str, deadline: datetime | None
@@ -464,6 +495,79 @@ def access_only_result(mode: Mode, namespace: str, held: Capability) -> Prefligh
         update_trainjobs=trainjobs,
         list_pods=Capability(False, NOT_PROBED),
         enforcer_installed=Capability(False, NOT_PROBED),
+    )
+
+
+def queueless_capability(
+    mode: Mode,
+    config: Config,
+    namespace: str,
+    namespace_labels: Mapping[str, str] | None,
+    workloads: Sequence[Obj],
+    trainjobs: Sequence[Obj],
+    problem: str = "",
+) -> Capability:
+    """Whether holdwarden's ``kueue.manageJobsWithoutQueueName`` agrees with what Kueue
+    does in ``namespace``, as far as the objects show it.
+
+    Unsupported (a mismatch, said with what to do) when a TrainJob without the queue-name
+    label has a Workload while the setting is off (Kueue manages it, and the enforcer would
+    let anyone change its ``spec.suspend``), or when plain mode meets a namespace where
+    Kueue manages every TrainJob. ``problem``: what could not be read (then unsupported)."""
+    manage = config.kueue_manage_jobs_without_queue_name
+    selector = config.kueue_managed_jobs_namespace_selector
+    if problem:
+        return Capability(False, f"kueue.manageJobsWithoutQueueName: {problem}")
+    by_uid = {objects.uid(t): t for t in trainjobs if objects.uid(t)}
+    unlabelled = sorted(
+        {
+            str(objects.name(by_uid[owner.uid]))
+            for w in workloads
+            if (owner := objects.controller_trainjob(w)) is not None
+            and owner.uid in by_uid
+            and not objects.is_kueue_managed(by_uid[owner.uid])
+        }
+    )
+    if not manage:
+        if unlabelled:
+            shown = ", ".join(f"{namespace}/{n}" for n in unlabelled[:3])
+            return Capability(
+                False,
+                f"Kueue manages TrainJobs without the {QUEUE_NAME_LABEL} label here ({shown} "
+                "has a Workload), but holdwarden's kueue.manageJobsWithoutQueueName is false, "
+                "so the enforcer lets anyone change their spec.suspend. Set "
+                "kueue.manageJobsWithoutQueueName and kueue.managedJobsNamespaceSelector as "
+                "Kueue's configuration has them, and install the enforcer's second webhook "
+                "entry (docs/configuration.md)",
+            )
+        return Capability(
+            True,
+            "kueue.manageJobsWithoutQueueName is false, and no TrainJob without the "
+            f"{QUEUE_NAME_LABEL} label has a Workload here",
+        )
+    assert namespace_labels is not None  # read whenever the setting is on
+    selected = selector.matches(namespace_labels)
+    where = (
+        f"namespace {namespace} is {'' if selected else 'not '}selected by "
+        f"kueue.managedJobsNamespaceSelector ({selector.describe()})"
+    )
+    if selected and mode == "plain":
+        return Capability(
+            False,
+            f"plain mode, but kueue.manageJobsWithoutQueueName is true and {where}: Kueue "
+            "manages every TrainJob here and owns spec.suspend; use mode: kueue here",
+        )
+    if not selected and unlabelled:
+        shown = ", ".join(f"{namespace}/{n}" for n in unlabelled[:3])
+        return Capability(
+            False,
+            f"{where}, yet a TrainJob without the {QUEUE_NAME_LABEL} label has a Workload "
+            f"({shown}): set kueue.managedJobsNamespaceSelector as Kueue's configuration has it",
+        )
+    return Capability(
+        True,
+        f"kueue.manageJobsWithoutQueueName is true and {where}: TrainJobs without the "
+        f"{QUEUE_NAME_LABEL} label here are {'' if selected else 'not '}Kueue's",
     )
 
 

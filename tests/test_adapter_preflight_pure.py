@@ -23,7 +23,14 @@ from adapter.preflight import (
 from adapter.steps import ApiStatusError, Http, Operation, Request, no_request
 from adapter.types import Capability
 from holdwarden.config import Config
-from holdwarden.vocabulary import BREAK_GLASS_GROUP, TRAINJOB, WORKLOAD, Annotations, RuleId
+from holdwarden.vocabulary import (
+    BREAK_GLASS_GROUP,
+    QUEUE_NAME_LABEL,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+    RuleId,
+)
 
 A = Annotations("holdwarden.io")
 GATE = "holdwarden.io/readmission"
@@ -256,3 +263,76 @@ def test_the_held_probe_body_is_correctly_held(mode: Any) -> None:
     }
     assert body["metadata"]["name"].startswith("holdwarden-preflight-")
     assert preflight.round_trip_capability(mode, resource, body, body).supported
+
+
+# ---- kueueWithoutQueueName ---------------------------------------------------------------
+
+
+def _tj(name: str, uid: str, *, queue: bool) -> dict[str, Any]:
+    labels = {QUEUE_NAME_LABEL: "lq"} if queue else {}
+    return {"metadata": {"name": name, "uid": uid, "labels": labels}}
+
+
+def _wl(owner_uid: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"wl-{owner_uid}",
+            "ownerReferences": [
+                {"kind": "TrainJob", "name": "x", "uid": owner_uid, "controller": True}
+            ],
+        }
+    }
+
+
+OFF = Config()
+ON = Config.from_dict(
+    {
+        "kueue": {
+            "manageJobsWithoutQueueName": True,
+            "managedJobsNamespaceSelector": {"matchLabels": {"team": "ml"}},
+        }
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "config", "ns_labels", "trainjobs", "workloads", "supported", "says"),
+    [
+        ("kueue", OFF, None, [_tj("a", "1", queue=True)], [_wl("1")], True, "is false, and no"),
+        # Kueue made a Workload for an unlabelled TrainJob: it manages them, we do not know.
+        (
+            "kueue",
+            OFF,
+            None,
+            [_tj("b", "2", queue=False)],
+            [_wl("2")],
+            False,
+            "ns/b has a Workload",
+        ),
+        ("plain", OFF, None, [_tj("b", "2", queue=False)], [_wl("2")], False, "is false"),
+        ("kueue", ON, {"team": "ml"}, [], [], True, "here are Kueue's"),
+        ("kueue", ON, {"team": "web"}, [], [], True, "here are not Kueue's"),
+        ("plain", ON, {"team": "ml"}, [], [], False, "use mode: kueue here"),
+        ("plain", ON, {"team": "web"}, [], [], True, "not selected"),
+        # On, the namespace not selected, yet Kueue made a Workload for an unlabelled one.
+        ("kueue", ON, {}, [_tj("c", "3", queue=False)], [_wl("3")], False, "set kueue.managedJobs"),
+    ],
+)
+def test_queueless_capability(
+    mode: Any,
+    config: Config,
+    ns_labels: dict[str, str] | None,
+    trainjobs: list[dict[str, Any]],
+    workloads: list[dict[str, Any]],
+    supported: bool,
+    says: str,
+) -> None:
+    got = preflight.queueless_capability(mode, config, "ns", ns_labels, workloads, trainjobs)
+    assert got.supported is supported, got.reason
+    assert says in got.reason
+
+
+def test_queueless_capability_says_what_it_could_not_read() -> None:
+    got = preflight.queueless_capability("kueue", ON, "ns", None, [], [], "could not read X")
+    assert not got.supported
+    assert "could not read X" in got.reason

@@ -39,17 +39,24 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
+from holdwarden.labelselector import NAMESPACE_NAME_LABEL, LabelSelector
 from holdwarden.vocabulary import (
     DEFAULT_ANNOTATION_PREFIX,
     DEFAULT_KUEUE_IDENTITIES,
+    KUEUE_NAMESPACE_PATH,
+    KUEUE_NAMESPACE_WEBHOOK,
     QUEUE_NAME_LABEL,
     TRAINJOB,
 )
 
 CONDITION_NAME = "could-break-a-hold"
+KUEUE_NAMESPACE_CONDITION_NAME = "kueue-owns-suspend-without-queue-name"
+# kube-system and holdwarden's own namespace are never judged (manifests/webhook.yaml).
+SKIPPED_NAMESPACES = ("kube-system", "holdwarden-system")
 
 # The hold keys without their prefix (vocabulary.Annotations.hold_keys, the same four).
 HOLD_KEY_SUFFIXES = ("hold-instance", "hold-reason", "held-at", "held-by")
@@ -85,6 +92,87 @@ def render(
             f"         || request.userInfo.?groups.orValue([]).exists(g, g in {ids})))",
         ]
     )
+
+
+def render_kueue_namespace(kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES) -> str:
+    """The second entry's CEL expression (Kueue manages jobs without a queue name): an
+    UPDATE of a TrainJob whose effective ``spec.suspend`` changes, that carries the queue
+    label on neither the old nor the new object (those are the first entry's, (K)), by a
+    writer that is not one of ``kueue.identities``."""
+    ids = _list(kueue_identities)
+    return "\n".join(
+        [
+            f"request.resource.resource == {_literal(TRAINJOB.plural)}",
+            "&& object != null && oldObject != null",
+            "&& (object.?spec.?suspend.orValue(false) == true)",
+            "   != (oldObject.?spec.?suspend.orValue(false) == true)",
+            "&& ![object, oldObject].exists(o,",
+            f"     {_literal(QUEUE_NAME_LABEL)} in o.?metadata.?labels.orValue({{}}))",
+            f"&& !(request.userInfo.username in {ids}",
+            f"     || request.userInfo.?groups.orValue([]).exists(g, g in {ids}))",
+        ]
+    )
+
+
+def kueue_namespace_selector(
+    selector: LabelSelector, skipped_namespaces: Sequence[str] = SKIPPED_NAMESPACES
+) -> dict[str, Any]:
+    """The second entry's ``namespaceSelector``: Kueue's ``managedJobsNamespaceSelector``
+    and, as the first entry has, none of ``skipped_namespaces`` (requirements are ANDed)."""
+    out = selector.to_dict()
+    out["matchExpressions"] = [
+        *out.get("matchExpressions", []),
+        {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(skipped_namespaces)},
+    ]
+    return out
+
+
+def kueue_namespace_webhook(
+    client_config: dict[str, Any],
+    selector: LabelSelector,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+    *,
+    failure_policy: str = "Ignore",
+    skipped_namespaces: Sequence[str] = SKIPPED_NAMESPACES,
+) -> dict[str, Any]:
+    """The second webhook entry, for ``kueue.manageJobsWithoutQueueName: true``.
+
+    ``client_config`` is the first entry's with ``path`` replaced by
+    ``KUEUE_NAMESPACE_PATH`` (pass the first entry's; this sets the path). Only TrainJob
+    UPDATEs: kueue-owns-suspend judges nothing else. ``failure_policy`` starts as the first
+    entry's does (Ignore until verified; certs/enforcing.py then sets every entry's).
+    """
+    config = dict(client_config)
+    if "service" in config:
+        config["service"] = dict(config["service"], path=KUEUE_NAMESPACE_PATH)
+    elif "url" in config:
+        base = str(config["url"]).split("/validate", 1)[0]
+        config["url"] = base + KUEUE_NAMESPACE_PATH
+    return {
+        "name": KUEUE_NAMESPACE_WEBHOOK,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": failure_policy,
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": 5,
+        "namespaceSelector": kueue_namespace_selector(selector, skipped_namespaces),
+        "matchConditions": [
+            {
+                "name": KUEUE_NAMESPACE_CONDITION_NAME,
+                "expression": render_kueue_namespace(kueue_identities),
+            }
+        ],
+        "clientConfig": config,
+        "rules": [
+            {
+                "apiGroups": [TRAINJOB.group],
+                "apiVersions": [TRAINJOB.version],
+                "operations": ["UPDATE"],
+                "resources": [TRAINJOB.plural],
+                "scope": "Namespaced",
+            }
+        ],
+    }
 
 
 def match_conditions(

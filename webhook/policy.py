@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import (
     BREAK_GLASS_GROUP,
     DEFAULT_ANNOTATION_PREFIX,
@@ -45,14 +46,17 @@ from holdwarden.vocabulary import (
     RuleId,
 )
 
+# SKIPPED_NAMESPACES: the webhook's own namespaceSelector (manifests/webhook.yaml), so the
+# same writes are judged.
+from webhook.match_conditions import SKIPPED_NAMESPACES, kueue_namespace_selector
+
 RULES_POLICY = "holdwarden-hold-rules"
 OWNER_ONLY_POLICY = "holdwarden-hold-owner-only"
+KUEUE_NAMESPACE_POLICY = "holdwarden-kueue-managed-namespaces"
 # The supervisor's service account in the shipped examples (docs/install.md).
 DEFAULT_HOLDER_IDENTITIES = ("system:serviceaccount:holdwarden-system:dispatch",)
 MAX_INSTANCE = str(2**63 - 1)
 HOLD_KEY_SUFFIXES = ("hold-instance", "hold-reason", "held-at", "held-by")
-# The webhook's own namespaceSelector (manifests/webhook.yaml): the same writes are judged.
-SKIPPED_NAMESPACES = ("kube-system", "holdwarden-system")
 
 
 def _lit(text: str) -> str:
@@ -249,12 +253,7 @@ def _rules_validations(
             f"{_lit(QUEUE_NAME_LABEL)} in o.?metadata.?labels.orValue({{}})) "
             f"|| request.userInfo.username in {ids} "
             f"|| request.userInfo.?groups.orValue([]).exists(g, g in {ids})",
-            "messageExpression": f"{_head(RuleId.KUEUE_OWNS_SUSPEND)} + ' is managed by Kueue "
-            f"(label {QUEUE_NAME_LABEL}) and ' + request.userInfo.username + ' may not change "
-            f"spec.suspend (' + string({suspend_old}) + ' -> ' + string(variables.tjSuspend) + "
-            "'); Kueue owns that field. To stop the job, deactivate its Workload (set "
-            "spec.active: false, or `holdwarden hold ' + variables.ref + ' --instance N`); to "
-            "let it run, activate the Workload and let Kueue admit it.'",
+            "messageExpression": _kueue_owns_suspend_message(f"label {QUEUE_NAME_LABEL}"),
         },
         {
             # Only a DELETE reaches this with hasOld (the others need no such guard: on
@@ -270,6 +269,66 @@ def _rules_validations(
             "Workload goes with it).'",
         },
     ]
+
+
+def _kueue_owns_suspend_message(why: str) -> str:
+    """kueue-owns-suspend's messageExpression; ``why`` is the text inside a single-quoted
+    CEL string saying why the TrainJob is Kueue's (it may close the string to splice in a
+    value): the webhook's words, webhook.rules.kueue_owns_suspend."""
+    suspend_old = "oldObject.?spec.?suspend.orValue(false) == true"
+    return (
+        f"{_head(RuleId.KUEUE_OWNS_SUSPEND)} + ' is managed by Kueue "
+        f"({why}) and ' + request.userInfo.username + ' may not change "
+        f"spec.suspend (' + string({suspend_old}) + ' -> ' + string(variables.tjSuspend) + "
+        "'); Kueue owns that field. To stop the job, deactivate its Workload (set "
+        "spec.active: false, or `holdwarden hold ' + variables.ref + ' --instance N`); to "
+        "let it run, activate the Workload and let Kueue admit it.'"
+    )
+
+
+def render_kueue_namespace_policy(
+    prefix: str = DEFAULT_ANNOTATION_PREFIX,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+    name: str = KUEUE_NAMESPACE_POLICY,
+) -> Any:
+    """kueue-owns-suspend for TrainJobs without the queue-name label, for
+    ``kueue.manageJobsWithoutQueueName: true``: its binding (``kueue_namespace_binding``)
+    selects the namespaces Kueue's ``managedJobsNamespaceSelector`` selects, as the
+    webhook's second entry does. A labelled TrainJob is the rules policy's."""
+    ids = _list(kueue_identities)
+    suspend_old = "oldObject.?spec.?suspend.orValue(false) == true"
+    validation = {
+        "expression": "oldObject == null "
+        f"|| variables.tjSuspend == ({suspend_old}) "
+        "|| [object, oldObject].exists(o, "
+        f"{_lit(QUEUE_NAME_LABEL)} in o.?metadata.?labels.orValue({{}})) "
+        f"|| request.userInfo.username in {ids} "
+        f"|| request.userInfo.?groups.orValue([]).exists(g, g in {ids})",
+        "messageExpression": _kueue_owns_suspend_message(
+            "namespace \\'' + request.namespace + '\\' is one Kueue\\'s "
+            "managedJobsNamespaceSelector selects, and Kueue manages jobs without a queue "
+            "name there"
+        ),
+    }
+    policy = _policy(name, _common_variables(prefix), [validation], workload_delete=False)
+    policy["spec"]["matchConstraints"] = {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {
+                "apiGroups": [TRAINJOB.group],
+                "apiVersions": [TRAINJOB.version],
+                "operations": ["UPDATE"],
+                "resources": [TRAINJOB.plural],
+            }
+        ],
+    }
+    return policy
+
+
+def kueue_namespace_binding(selector: LabelSelector) -> Any:
+    """The binding of ``render_kueue_namespace_policy``: the namespaces the webhook's second
+    entry covers (Kueue's ``managedJobsNamespaceSelector``, less the skipped ones)."""
+    return binding(KUEUE_NAMESPACE_POLICY, kueue_namespace_selector(selector, SKIPPED_NAMESPACES))
 
 
 def _policy(

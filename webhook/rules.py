@@ -38,6 +38,12 @@ Decisions the contract leaves open, written down here and in docs/enforcer.md:
     fixes or removes the value, still pass.
   - A TrainJob is Kueue-managed when the old OR the new object carries the queue-name
     label, so dropping the label in the same write does not escape kueue-owns-suspend.
+    Where Kueue manages jobs without a queue name (``kueue.manageJobsWithoutQueueName``),
+    every TrainJob in a namespace Kueue's ``managedJobsNamespaceSelector`` selects is
+    Kueue-managed too. The rules cannot see a namespace's labels, so the apiserver decides
+    that: a second webhook entry with that selector as its ``namespaceSelector`` sends
+    those writes to ``KUEUE_NAMESPACE_PATH``, judged with
+    ``RulesConfig.kueue_managed_namespace`` (kueue-owns-suspend only).
     ``spec.suspend`` absent counts as false; only a change of the effective value counts.
   - An identity is Kueue's when the username, or one of the groups, is listed in
     ``kueue.identities``.
@@ -78,6 +84,11 @@ class RulesConfig:
     holder_identities: frozenset[str] = frozenset()
     # held-workload-kept: who may delete a held Workload (``webhook.workloadDeleters``).
     workload_deleters: frozenset[str] = frozenset(DEFAULT_WORKLOAD_DELETERS)
+    # True for the requests of the second webhook entry (KUEUE_NAMESPACE_PATH), whose
+    # namespaceSelector is Kueue's managedJobsNamespaceSelector: there Kueue manages every
+    # TrainJob, queue-name label or not, and only kueue-owns-suspend is judged (the first
+    # entry judges everything else, so nothing is refused or audited twice).
+    kueue_managed_namespace: bool = False
     # The hold-instance key, spelled once (``Annotations`` builds it on every access).
     hold_key: str = field(init=False, repr=False, compare=False)
 
@@ -171,7 +182,7 @@ def skip_reason(change: Change) -> str | None:
 # --- never raise on a shape it did not expect.
 
 
-def _is_kueue_managed(change: Change) -> bool:
+def _labelled_for_kueue(change: Change) -> bool:
     # Old OR new: dropping the label in the same write does not escape the rule.
     return objects.is_kueue_managed(change.old) or objects.is_kueue_managed(change.new)
 
@@ -244,7 +255,16 @@ def kueue_owns_suspend(change: Change, config: RulesConfig) -> Violation | None:
     if not change.is_trainjob or change.old is None:
         return None
     old, new = objects.suspended(change.old), objects.suspended(change.new)
-    if old == new or not _is_kueue_managed(change) or _is_kueue(change, config):
+    if old == new or _is_kueue(change, config):
+        return None
+    if _labelled_for_kueue(change):
+        why = f"label {QUEUE_NAME_LABEL}"
+    elif config.kueue_managed_namespace:
+        why = (
+            f"namespace {change.namespace!r} is one Kueue's managedJobsNamespaceSelector "
+            "selects, and Kueue manages jobs without a queue name there"
+        )
+    else:
         return None
     rule = RuleId.KUEUE_OWNS_SUSPEND
     instance = objects.hold_instance_text(
@@ -252,7 +272,7 @@ def kueue_owns_suspend(change: Change, config: RulesConfig) -> Violation | None:
     ) or objects.hold_instance_text(change.old, config.annotations)
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is managed by Kueue (label {QUEUE_NAME_LABEL}) and "
+        f"{_prefix(rule, change)} is managed by Kueue ({why}) and "
         f"{change.username or 'this writer'} may not change spec.suspend "
         f"({str(old).lower()} -> {str(new).lower()}); Kueue owns that field. "
         f"To stop the job, deactivate its Workload (set spec.active: false, or "
@@ -401,8 +421,18 @@ DELETE_RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
 )
 
 
-def _rules_for(change: Change) -> tuple[tuple[RuleId, Rule], ...]:
-    return DELETE_RULE_ORDER if change.operation == "DELETE" else RULE_ORDER
+# The second webhook entry's (``RulesConfig.kueue_managed_namespace``): only the rule whose
+# verdict depends on the namespace; the first entry, called for the same write, judges the
+# rest.
+KUEUE_NAMESPACE_RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
+    (RuleId.KUEUE_OWNS_SUSPEND, kueue_owns_suspend),
+)
+
+
+def _rules_for(change: Change, config: RulesConfig) -> tuple[tuple[RuleId, Rule], ...]:
+    if change.operation == "DELETE":
+        return () if config.kueue_managed_namespace else DELETE_RULE_ORDER
+    return KUEUE_NAMESPACE_RULE_ORDER if config.kueue_managed_namespace else RULE_ORDER
 
 
 def violations(change: Change, config: RulesConfig) -> list[Violation]:
@@ -410,7 +440,7 @@ def violations(change: Change, config: RulesConfig) -> list[Violation]:
     if skip_reason(change) is not None:
         return []
     found = []
-    for _, rule in _rules_for(change):
+    for _, rule in _rules_for(change, config):
         violation = rule(change, config)
         if violation is not None:
             found.append(violation)
@@ -421,7 +451,7 @@ def evaluate(change: Change, config: RulesConfig) -> Violation | None:
     """The first violation in ``RULE_ORDER``, or None when the write is allowed."""
     if skip_reason(change) is not None:
         return None
-    for _, rule in _rules_for(change):
+    for _, rule in _rules_for(change, config):
         violation = rule(change, config)
         if violation is not None:
             return violation

@@ -18,6 +18,7 @@ while the injected caBundle trusts the certificate served: certs/selfmanaged.py)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -34,7 +35,7 @@ import msgspec
 from aiohttp import HttpVersion11, web
 
 from holdwarden.config import Config, split_address
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from holdwarden.vocabulary import KUEUE_NAMESPACE_PATH, TRAINJOB, WORKLOAD
 from webhook.audit import AuditWriter, audit_record, rfc3339
 from webhook.audit_sinks import EventsClient, EventsSink, KubeEvents, SinkMetrics, StdoutSink
 from webhook.connections import (
@@ -178,6 +179,9 @@ class Enforcer:
     ) -> None:
         self.config = config
         self.rules = RulesConfig.from_config(config)
+        # The second webhook entry's requests (KUEUE_NAMESPACE_PATH): its namespaceSelector
+        # is Kueue's managedJobsNamespaceSelector, so every TrainJob there is Kueue's.
+        self.kueue_namespace_rules = dataclasses.replace(self.rules, kueue_managed_namespace=True)
         self.audit = audit
         # The file sink is on unless webhook.auditSinks leaves it out; the others
         # (webhook/audit_sinks.py) count their own failures and never raise.
@@ -207,25 +211,33 @@ class Enforcer:
 
     async def validate(self, request: web.Request) -> web.Response:
         """POST /validate; with a guard, the request is marked in progress meanwhile."""
+        return await self._guarded(request, self.rules)
+
+    async def validate_kueue_namespace(self, request: web.Request) -> web.Response:
+        """POST KUEUE_NAMESPACE_PATH: the second webhook entry's requests, from namespaces
+        where Kueue manages jobs without a queue name (``RulesConfig.kueue_managed_namespace``)."""
+        return await self._guarded(request, self.kueue_namespace_rules)
+
+    async def _guarded(self, request: web.Request, rules: RulesConfig) -> web.Response:
         guard = self.guard
         if guard is None:
-            return await self._answer(request)
+            return await self._answer(request, rules)
         # Here rather than in a middleware: a middleware costs a few us a review.
         protocol = request.protocol
         guard.begin(protocol)
         try:
-            response = await self._answer(request)
+            response = await self._answer(request, rules)
         finally:
             guard.end(protocol)
         if guard.closing:
             response.force_close()
         return response
 
-    async def _answer(self, request: web.Request) -> web.Response:
+    async def _answer(self, request: web.Request, rules: RulesConfig) -> web.Response:
         started = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
-            return await self._validate(request, started)
+            return await self._validate(request, rules, started)
         except ConnectionError as exc:
             # The client went away mid-body: nobody will read an answer, and it is not a
             # bug, so one line and no traceback.
@@ -332,7 +344,9 @@ class Enforcer:
         request.writer.output_size = 0  # the 100 is not part of the answer's size
         return None
 
-    async def _validate(self, request: web.Request, started: float) -> web.Response:
+    async def _validate(
+        self, request: web.Request, rules: RulesConfig, started: float
+    ) -> web.Response:
         try:
             body = await self._read(request)
             review = parse_review(body)
@@ -352,7 +366,7 @@ class Enforcer:
                     resource, operation, "skipped", "", time.perf_counter() - started
                 )
                 return web.Response(body=allow_bytes(review.uid), content_type=_JSON)
-            violation = evaluate(change, self.rules)
+            violation = evaluate(change, rules)
             if violation is None:
                 self.metrics.observe(
                     resource, operation, "allowed", "", time.perf_counter() - started
@@ -461,6 +475,9 @@ def build_app(
     app = web.Application(client_max_size=config.webhook.max_body_bytes)
     routes = [
         web.post("/validate", enforcer.validate, expect_handler=enforcer.expect),
+        web.post(
+            KUEUE_NAMESPACE_PATH, enforcer.validate_kueue_namespace, expect_handler=enforcer.expect
+        ),
         *_health_routes(state),
     ]
     if guard is not None:
@@ -475,10 +492,10 @@ def build_app(
             raise web.HTTPNotFound()
 
         routes = [
-            routes[0],
+            *routes[:2],
             *(
                 web.route(r.method, r.path, guard.tracked(r.handler))
-                for r in routes[1:]
+                for r in routes[2:]
                 if isinstance(r, web.RouteDef)
             ),
             web.route("*", "/{path:.*}", guard.tracked(elsewhere)),
