@@ -87,6 +87,9 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
             # namespace's queues run the readmission gate.
             Rule((_TRAINER,), ("trainingruntimes", "clustertrainingruntimes"), ("list",)),
             Rule((_KUEUE,), ("localqueues", "clusterqueues", "admissionchecks"), ("get", "list")),
+            # Where Kueue manages jobs without a queue name, Start and preflight read the
+            # namespace's labels (kueue.managedJobsNamespaceSelector decides).
+            Rule(("",), ("namespaces",), ("get",)),
         ),
     ),
     IdentityRBAC(
