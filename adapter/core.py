@@ -424,7 +424,7 @@ class AdapterCore:
             cached = self._preflights.get(namespace)
             if cached is not None:
                 return cached
-        result = yield from self._probes.run(namespace, None)
+        result = yield from self._probes.run(namespace, None, scan=True)
         self._preflights[namespace] = result
         return result
 

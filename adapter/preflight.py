@@ -165,8 +165,15 @@ class Preflight:
     def held_resource(self) -> Resource:
         return WORKLOAD if self.mode == "kueue" else TRAINJOB
 
-    def run(self, namespace: str, deadline: datetime | None) -> Operation[PreflightResult]:
-        """Every probe, dry-run creates included (what ``Adapter.preflight()`` reports)."""
+    def run(
+        self, namespace: str, deadline: datetime | None, *, scan: bool = False
+    ) -> Operation[PreflightResult]:
+        """Every probe, dry-run creates included (what ``Adapter.preflight()`` reports).
+
+        ``scan``: also list up to 100 Workloads for evidence of a mismatch with Kueue's
+        manageJobsWithoutQueueName (``queueless``). Only an explicit preflight scans: the
+        lazy one on a namespace's first Hold sends no LIST of Workloads (Hold finds its
+        Workload by name, at any namespace size; docs/adapter.md, "Kueue mode")."""
         runtime = yield from self.runtime_ref(namespace, deadline)
         extra: dict[str, Capability] = {}
         if self.mode == "kueue":
@@ -174,7 +181,7 @@ class Preflight:
             extra["readmissionGate"] = gate.readmission_gate
             extra["multiKueue"] = gate.multikueue
         extra["holdOwnership"] = yield from self.ownership(deadline)
-        extra["kueueWithoutQueueName"] = yield from self.queueless(namespace, deadline)
+        extra["kueueWithoutQueueName"] = yield from self.queueless(namespace, deadline, scan)
         round_trip = yield from self.round_trip(namespace, deadline, runtime)
         update_workloads = yield from self.access(
             namespace, WRITE_VERB, WORKLOAD.group, WORKLOAD.plural, deadline
@@ -297,12 +304,15 @@ class Preflight:
             )
         return gate_probe(namespace, controller, found)
 
-    def queueless(self, namespace: str, deadline: datetime | None) -> Operation[Capability]:
+    def queueless(
+        self, namespace: str, deadline: datetime | None, scan: bool
+    ) -> Operation[Capability]:
         """Does holdwarden see Kueue's ``manageJobsWithoutQueueName`` as Kueue does here?
 
-        Reads the namespace's labels (when the setting is on) and up to 100 Workloads and
-        TrainJobs: a Workload whose controller is a TrainJob without the queue-name label
-        shows that Kueue manages such TrainJobs here (``queueless_capability``)."""
+        Reads the namespace's labels (when the setting is on) and, with ``scan``, up to 100
+        Workloads: one with an empty ``spec.queueName`` whose controller is a TrainJob shows
+        that Kueue manages TrainJobs without the queue-name label here (Kueue copies the
+        label into ``spec.queueName``); ``queueless_capability`` decides."""
         config = self.config
         labels: dict[str, str] | None = None
         problem = ""
@@ -315,15 +325,13 @@ class Preflight:
                 labels = {str(k): str(v) for k, v in raw.items()}
             except ApiStatusError as exc:
                 problem = f"could not read Namespace {namespace}: {api_message(exc)}"
-        try:
-            workloads = yield from self._list(WORKLOAD, namespace, deadline, limit=100)
-            trainjobs = yield from self._list(TRAINJOB, namespace, deadline, limit=100)
-        except ApiStatusError as exc:
-            workloads, trainjobs = [], []
-            problem = problem or f"could not list Workloads and TrainJobs: {api_message(exc)}"
-        return queueless_capability(
-            self.mode, config, namespace, labels, workloads, trainjobs, problem
-        )
+        workloads: list[Obj] | None = None
+        if scan and not problem:
+            try:
+                workloads = yield from self._list(WORKLOAD, namespace, deadline, limit=100)
+            except ApiStatusError as exc:
+                problem = f"could not list Workloads: {api_message(exc)}"
+        return queueless_capability(self.mode, config, namespace, labels, workloads, problem)
 
     def access(
         self, namespace: str, verb: str, group: str, resource: str, deadline: datetime | None
@@ -503,47 +511,48 @@ def queueless_capability(
     config: Config,
     namespace: str,
     namespace_labels: Mapping[str, str] | None,
-    workloads: Sequence[Obj],
-    trainjobs: Sequence[Obj],
+    workloads: Sequence[Obj] | None,
     problem: str = "",
 ) -> Capability:
     """Whether holdwarden's ``kueue.manageJobsWithoutQueueName`` agrees with what Kueue
     does in ``namespace``, as far as the objects show it.
 
-    Unsupported (a mismatch, said with what to do) when a TrainJob without the queue-name
-    label has a Workload while the setting is off (Kueue manages it, and the enforcer would
-    let anyone change its ``spec.suspend``), or when plain mode meets a namespace where
-    Kueue manages every TrainJob. ``problem``: what could not be read (then unsupported)."""
+    Evidence that Kueue manages TrainJobs without the queue-name label here: a Workload
+    with an empty ``spec.queueName`` whose controller is a TrainJob (``workloads`` None:
+    not scanned). Unsupported, said with what to do, when that evidence meets the setting
+    off, or a namespace the selector does not select; or when plain mode meets a namespace
+    where Kueue manages every TrainJob. ``problem``: what could not be read."""
     manage = config.kueue_manage_jobs_without_queue_name
     selector = config.kueue_managed_jobs_namespace_selector
     if problem:
         return Capability(False, f"kueue.manageJobsWithoutQueueName: {problem}")
-    by_uid = {objects.uid(t): t for t in trainjobs if objects.uid(t)}
     unlabelled = sorted(
         {
-            str(objects.name(by_uid[owner.uid]))
-            for w in workloads
+            owner.name
+            for w in workloads or ()
             if (owner := objects.controller_trainjob(w)) is not None
-            and owner.uid in by_uid
-            and not objects.is_kueue_managed(by_uid[owner.uid])
+            and not objects.section(w, "spec").get("queueName")
         }
+    )
+    shown = ", ".join(f"{namespace}/{n}" for n in unlabelled[:3])
+    unscanned = (
+        "" if workloads is not None else " (Workloads not scanned: run `holdwarden preflight`)"
     )
     if not manage:
         if unlabelled:
-            shown = ", ".join(f"{namespace}/{n}" for n in unlabelled[:3])
             return Capability(
                 False,
                 f"Kueue manages TrainJobs without the {QUEUE_NAME_LABEL} label here ({shown} "
-                "has a Workload), but holdwarden's kueue.manageJobsWithoutQueueName is false, "
-                "so the enforcer lets anyone change their spec.suspend. Set "
-                "kueue.manageJobsWithoutQueueName and kueue.managedJobsNamespaceSelector as "
-                "Kueue's configuration has them, and install the enforcer's second webhook "
-                "entry (docs/configuration.md)",
+                "has a Workload with no queue name), but holdwarden's "
+                "kueue.manageJobsWithoutQueueName is false, so the enforcer lets anyone change "
+                "their spec.suspend. Set kueue.manageJobsWithoutQueueName and "
+                "kueue.managedJobsNamespaceSelector as Kueue's configuration has them, and "
+                "install the enforcer's second webhook entry (docs/configuration.md)",
             )
         return Capability(
             True,
             "kueue.manageJobsWithoutQueueName is false, and no TrainJob without the "
-            f"{QUEUE_NAME_LABEL} label has a Workload here",
+            f"{QUEUE_NAME_LABEL} label has a Workload here{unscanned}",
         )
     assert namespace_labels is not None  # read whenever the setting is on
     selected = selector.matches(namespace_labels)
@@ -558,7 +567,6 @@ def queueless_capability(
             "manages every TrainJob here and owns spec.suspend; use mode: kueue here",
         )
     if not selected and unlabelled:
-        shown = ", ".join(f"{namespace}/{n}" for n in unlabelled[:3])
         return Capability(
             False,
             f"{where}, yet a TrainJob without the {QUEUE_NAME_LABEL} label has a Workload "
@@ -567,7 +575,7 @@ def queueless_capability(
     return Capability(
         True,
         f"kueue.manageJobsWithoutQueueName is true and {where}: TrainJobs without the "
-        f"{QUEUE_NAME_LABEL} label here are {'' if selected else 'not '}Kueue's",
+        f"{QUEUE_NAME_LABEL} label here are {'' if selected else 'not '}Kueue's{unscanned}",
     )
 
 

@@ -25,7 +25,6 @@ from adapter.types import Capability
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     BREAK_GLASS_GROUP,
-    QUEUE_NAME_LABEL,
     TRAINJOB,
     WORKLOAD,
     Annotations,
@@ -268,19 +267,15 @@ def test_the_held_probe_body_is_correctly_held(mode: Any) -> None:
 # ---- kueueWithoutQueueName ---------------------------------------------------------------
 
 
-def _tj(name: str, uid: str, *, queue: bool) -> dict[str, Any]:
-    labels = {QUEUE_NAME_LABEL: "lq"} if queue else {}
-    return {"metadata": {"name": name, "uid": uid, "labels": labels}}
-
-
-def _wl(owner_uid: str) -> dict[str, Any]:
+def _wl(owner: str, queue: str = "") -> dict[str, Any]:
     return {
         "metadata": {
-            "name": f"wl-{owner_uid}",
+            "name": f"wl-{owner}",
             "ownerReferences": [
-                {"kind": "TrainJob", "name": "x", "uid": owner_uid, "controller": True}
+                {"kind": "TrainJob", "name": owner, "uid": "u", "controller": True}
             ],
-        }
+        },
+        "spec": {"queueName": queue} if queue else {},
     }
 
 
@@ -296,43 +291,35 @@ ON = Config.from_dict(
 
 
 @pytest.mark.parametrize(
-    ("mode", "config", "ns_labels", "trainjobs", "workloads", "supported", "says"),
+    ("mode", "config", "ns_labels", "workloads", "supported", "says"),
     [
-        ("kueue", OFF, None, [_tj("a", "1", queue=True)], [_wl("1")], True, "is false, and no"),
-        # Kueue made a Workload for an unlabelled TrainJob: it manages them, we do not know.
-        (
-            "kueue",
-            OFF,
-            None,
-            [_tj("b", "2", queue=False)],
-            [_wl("2")],
-            False,
-            "ns/b has a Workload",
-        ),
-        ("plain", OFF, None, [_tj("b", "2", queue=False)], [_wl("2")], False, "is false"),
-        ("kueue", ON, {"team": "ml"}, [], [], True, "here are Kueue's"),
-        ("kueue", ON, {"team": "web"}, [], [], True, "here are not Kueue's"),
-        ("plain", ON, {"team": "ml"}, [], [], False, "use mode: kueue here"),
-        ("plain", ON, {"team": "web"}, [], [], True, "not selected"),
+        ("kueue", OFF, None, [_wl("a", "lq")], True, "is false, and no"),
+        ("kueue", OFF, None, None, True, "not scanned"),
+        # Kueue made a Workload with no queue name: it manages unlabelled TrainJobs here.
+        ("kueue", OFF, None, [_wl("b")], False, "ns/b has a Workload with no queue name"),
+        ("plain", OFF, None, [_wl("b")], False, "is false"),
+        ("kueue", ON, {"team": "ml"}, [], True, "here are Kueue's"),
+        ("kueue", ON, {"team": "web"}, [], True, "here are not Kueue's"),
+        ("plain", ON, {"team": "ml"}, [], False, "use mode: kueue here"),
+        ("plain", ON, {"team": "web"}, None, True, "not selected"),
         # On, the namespace not selected, yet Kueue made a Workload for an unlabelled one.
-        ("kueue", ON, {}, [_tj("c", "3", queue=False)], [_wl("3")], False, "set kueue.managedJobs"),
+        ("kueue", ON, {}, [_wl("c")], False, "set kueue.managedJobs"),
     ],
 )
 def test_queueless_capability(
     mode: Any,
     config: Config,
     ns_labels: dict[str, str] | None,
-    trainjobs: list[dict[str, Any]],
-    workloads: list[dict[str, Any]],
+    workloads: list[dict[str, Any]] | None,
     supported: bool,
     says: str,
 ) -> None:
-    got = preflight.queueless_capability(mode, config, "ns", ns_labels, workloads, trainjobs)
+    got = preflight.queueless_capability(mode, config, "ns", ns_labels, workloads)
     assert got.supported is supported, got.reason
     assert says in got.reason
 
 
 def test_queueless_capability_says_what_it_could_not_read() -> None:
-    got = preflight.queueless_capability("kueue", ON, "ns", None, [], [], "could not read X")
+    got = preflight.queueless_capability("kueue", ON, "ns", None, [], "could not read X")
     assert not got.supported
     assert "could not read X" in got.reason

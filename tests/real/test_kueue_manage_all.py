@@ -183,6 +183,13 @@ def test_the_adapter_starts_holds_and_releases_a_queueless_trainjob(
         queueless = result.capabilities()["kueueWithoutQueueName"]
         assert queueless.supported, queueless.reason
         assert "here are Kueue's" in queueless.reason
+        # A supervisor configured without the setting sees the mismatch: Kueue's Workload
+        # of a TrainJob without the queue label (its spec.queueName is empty).
+        assert not workload.get("spec", {}).get("queueName")
+        unaware = Adapter(Config(mode="kueue"), supervisor).preflight(namespace)
+        mismatch = unaware.capabilities()["kueueWithoutQueueName"]
+        assert not mismatch.supported
+        assert f"{namespace}/job has a Workload with no queue name" in mismatch.reason
 
         adapter.hold(ref, _meta(1), "lost a node")
         observed = adapter.observe(ref)
