@@ -1,9 +1,10 @@
 """The adapter's decisions, as pure functions: no I/O, no clock, no randomness.
 
 Each decision takes the object just read (a dict as the API server returned it) and the call,
-and returns a ``Decision``: either the full modified object to PUT (it keeps the read's
-``metadata.resourceVersion``, so the write is preconditioned on the read it was decided on)
-or an outcome that needs no write.
+and returns a ``Decision``: either the full modified object to write (it keeps the read's
+``metadata.resourceVersion``; the core sends only its difference from the read, as a merge
+PATCH carrying that resourceVersion, so the write is preconditioned on the read it was
+decided on: adapter/patches.py) or an outcome that needs no write.
 
 The held object is the Workload in Kueue mode and the TrainJob in plain mode. In Kueue mode
 no decision here ever writes ``spec.suspend``: Kueue owns that field.

@@ -3,7 +3,7 @@
 Nothing here does I/O, reads a clock or keeps state. Each rule takes a ``Change`` (a small
 typed view of the request) and a ``RulesConfig`` and returns a ``Violation`` or ``None``.
 
-Which requests are judged (``judged``):
+Which requests are judged (``skip_reason`` says why one is not):
   - resource ``trainjobs`` in group ``trainer.kubeflow.org`` or ``workloads`` in group
     ``kueue.x-k8s.io`` (any version: the fields the rules read are the same in every
     served version);
@@ -13,8 +13,10 @@ Which requests are judged (``judged``):
     just as an update does, and the adapter's preflight probes the enforcer with a dry-run
     CREATE. On CREATE there is no old object, so only the rules that look at the new object
     alone can fire (held-*, malformed).
-Everything else (DELETE, CONNECT, other kinds, sub-resources) is allowed; ``skip_reason``
-says why, for the log.
+  - DELETE of a Workload whose stored object carries a hold (rule held-workload-kept,
+    ``DELETE_RULE_ORDER``): Kueue would replace a deleted Workload with a fresh, active one.
+Everything else (DELETE of a TrainJob, CONNECT, other kinds, sub-resources) is allowed;
+``skip_reason`` says why, for the log.
 
 Evaluation order (``RULE_ORDER``) is fixed, and ``evaluate`` returns the FIRST violation:
   1. hold-instance-malformed   a garbled value makes every other hold judgement meaningless
