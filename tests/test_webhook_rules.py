@@ -23,6 +23,7 @@ from webhook.rules import (
     hold_instance_monotonic,
     hold_owner_only,
     kueue_owns_suspend,
+    shown,
     skip_reason,
     violations,
 )
@@ -288,7 +289,21 @@ def test_malformed_exhaustive(old_instance: Any, new_instance: Any) -> None:
     assert (got is not None) == expected
     if got is not None:
         assert got.rule is RuleId.HOLD_INSTANCE_MALFORMED
-        assert repr(new_instance) in got.message
+        assert f'{A.hold_instance}="{new_instance}" is not a hold instance' in got.message
+
+
+@pytest.mark.parametrize(
+    ("value", "seen"),
+    [
+        ("x", "x"),
+        ("a\nb\tc\rd", "a\\nb\\tc\\rd"),  # one refusal, one line
+        ("back\\slash", "back\\\\slash"),
+        ("9" * 64, "9" * 64),
+        ("9" * 65, "9" * 64 + "..."),
+    ],
+)
+def test_a_value_is_shown_cut_and_escaped_as_the_policy_shows_it(value: str, seen: str) -> None:
+    assert shown(value) == seen
 
 
 MALFORMED = ["0", "01", "-1", "+1", "1.0", "1e3", " 1", "1 ", "", "x", "\u0661"]

@@ -217,8 +217,8 @@ def _rules_validations(
             "|| variables.newValid",
             "messageExpression": f"{_head(RuleId.HOLD_INSTANCE_MALFORMED)} + ': {key}=\"' + "
             "variables.newShown + '\" is not a hold instance; write it as a decimal integer "
-            '>= 1 with no sign, spaces or leading zeros (e.g. "3"), at most '
-            f"{MAX_INSTANCE}, or remove the {prefix}/hold-* annotations.'",
+            f"from 1 to {MAX_INSTANCE} with no sign, spaces or leading zeros (e.g. \"3\"), or "
+            f"remove the {prefix}/hold-* annotations.'",
         },
         {
             "expression": "!(variables.oldValid && variables.newValid && "

@@ -211,6 +211,22 @@ def _release_hint(change: Change, config: RulesConfig, instance: str | None) -> 
     )
 
 
+SHOWN_LIMIT = 64
+
+
+def shown(value: str) -> str:
+    """A value as a message shows it: at most SHOWN_LIMIT characters (then "..."), with
+    backslashes, line breaks and tabs escaped, so one refusal stays one line. The policy
+    twin spells it the same way in CEL (webhook.policy._shown), so both say the same."""
+    clipped = value[:SHOWN_LIMIT] + "..." if len(value) > SHOWN_LIMIT else value
+    return (
+        clipped.replace("\\", "\\\\")
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+    )
+
+
 def _prefix(rule: RuleId, change: Change) -> str:
     return f"holdwarden [{rule}]: {change.kind} {change.ref}"
 
@@ -228,7 +244,7 @@ def held_trainjob_suspended(change: Change, config: RulesConfig) -> Violation | 
     rule = RuleId.HELD_TRAINJOB_SUSPENDED
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}) "
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={shown(instance)}) "
         f"and this write would leave spec.suspend not true; a held TrainJob must stay "
         f"suspended. To run it, {_release_hint(change, config, instance)}.",
         instance,
@@ -245,7 +261,7 @@ def held_workload_inactive(change: Change, config: RulesConfig) -> Violation | N
     rule = RuleId.HELD_WORKLOAD_INACTIVE
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}) "
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={shown(instance)}) "
         f"and this write would leave spec.active not false; a held Workload must stay "
         f"inactive. To run it, {_release_hint(change, config, instance)}.",
         instance,
@@ -316,8 +332,8 @@ def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | 
     rule = RuleId.HOLD_INSTANCE_MALFORMED
     return Violation(
         rule,
-        f"{_prefix(rule, change)}: {config.annotations.hold_instance}={new_raw!r} is not a "
-        f"hold instance; write it as a decimal integer from 1 to {MAX_HOLD_INSTANCE} with "
+        f'{_prefix(rule, change)}: {config.annotations.hold_instance}="{shown(new_raw)}" is not'
+        f" a hold instance; write it as a decimal integer from 1 to {MAX_HOLD_INSTANCE} with "
         f'no sign, spaces or leading zeros (e.g. "3"), or remove the '
         f"{config.annotations.prefix}/hold-* annotations.",
         new_raw,
@@ -398,7 +414,7 @@ def held_workload_kept(change: Change, config: RulesConfig) -> Violation | None:
     rule = RuleId.HELD_WORKLOAD_KEPT
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}); "
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={shown(instance)}); "
         f"deleting it would drop the hold, since Kueue would create a new, active Workload "
         f"for its TrainJob and run it. To delete it, {_release_hint(change, config, instance)}"
         f"; or delete the TrainJob itself (its Workload goes with it).",
