@@ -21,7 +21,6 @@ PYTHONS_TESTS := tests/test_webhook_review.py tests/test_webhook_rules.py \
 	tests/test_objects.py tests/test_vocabulary.py tests/test_config.py \
 	tests/test_audit_bounded.py tests/test_audit_integrity.py tests/test_audit_sinks.py \
 	tests/test_audit_rotation.py tests/test_adapter_kube.py tests/test_adapter_aio.py \
-	tests/test_adapter_patches.py \
 	--deselect tests/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
 
 .PHONY: test test-real test-pythons demo lint typecheck unit binaries bench clean lock
