@@ -77,14 +77,6 @@ STOP_GRACE_SECONDS = 1.0
 TLS_STOP_SECONDS = 2.0
 # How long the readmission gate may take to stop beside it (readmission/controller.py).
 GATE_STOP_SECONDS = 3.0
-# The kube-apiserver decodes JSON with Go's encoding/json (and k8s.io/apimachinery's
-# util/json), which refuse nesting deeper than 10,000 levels; so an object it stores is at
-# most that deep, and a review embeds it 3 levels down. msgspec (like Python's json) counts
-# nesting against sys.getrecursionlimit() (default 1,000), so the limit is raised to cover
-# the apiserver's. Measured C stack: ~270 bytes a level (msgspec decoding into Python
-# objects); 12,000 levels is ~3 MiB of the 8 MiB main-thread stack.
-APISERVER_MAX_JSON_DEPTH = 10_000
-RECURSION_LIMIT = APISERVER_MAX_JSON_DEPTH + 2_000
 _KNOWN_RESOURCES = frozenset({TRAINJOB.plural, WORKLOAD.plural})
 _KNOWN_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 _JSON = "application/json"
@@ -415,15 +407,6 @@ def _peer(request: web.Request) -> str:
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
 
 
-def allow_apiserver_json_depth() -> None:
-    """Let msgspec decode the deepest JSON the kube-apiserver stores (see RECURSION_LIMIT).
-
-    Process-wide and only ever raised, like the switch interval below.
-    """
-    if sys.getrecursionlimit() < RECURSION_LIMIT:
-        sys.setrecursionlimit(RECURSION_LIMIT)
-
-
 def _where(review: Review) -> dict[str, Any]:
     change = review.change
     return {
@@ -469,7 +452,6 @@ def build_app(
     for tests that serve it without TLS. With ``guard`` (the TLS site's), the handlers
     tell it when each request starts and ends."""
     state = state if state is not None else State(ready=True)
-    allow_apiserver_json_depth()
     enforcer = Enforcer(config, audit, metrics, guard=guard, sinks=sinks)
     # One byte over the limit is enough for aiohttp to refuse; the handler words the 413.
     app = web.Application(client_max_size=config.webhook.max_body_bytes)
