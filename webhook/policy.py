@@ -217,7 +217,7 @@ def _rules_validations(
             "|| variables.newValid",
             "messageExpression": f"{_head(RuleId.HOLD_INSTANCE_MALFORMED)} + ': {key}=\"' + "
             "variables.newShown + '\" is not a hold instance; write it as a decimal integer "
-            f"from 1 to {MAX_INSTANCE} with no sign, spaces or leading zeros (e.g. \"3\"), or "
+            f'from 1 to {MAX_INSTANCE} with no sign, spaces or leading zeros (e.g. "3"), or '
             f"remove the {prefix}/hold-* annotations.'",
         },
         {

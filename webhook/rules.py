@@ -220,10 +220,7 @@ def shown(value: str) -> str:
     twin spells it the same way in CEL (webhook.policy._shown), so both say the same."""
     clipped = value[:SHOWN_LIMIT] + "..." if len(value) > SHOWN_LIMIT else value
     return (
-        clipped.replace("\\", "\\\\")
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
+        clipped.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
     )
 
 
