@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +39,32 @@ def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(random, "randrange", lambda *_: next(draws))
         monkeypatch.setattr(ports, "ephemeral_range", lambda: (65000, 65535))
         assert ports.free_port() == spare
+
+
+def test_a_port_handed_out_here_is_not_handed_out_to_another_run() -> None:
+    # Two suites on one machine: between this process's check and its server's bind, the
+    # other must not hand out the same port. It is reserved while this process lives.
+    port = free_port()
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from rig.localcluster import ports; print(ports._reserve({port}))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+    )
+    assert other.stdout.strip() == "False"
+    # When a run ends, however it ends, its reservations go with it.
+    gone = subprocess.run(
+        [sys.executable, "-c", "from rig.localcluster import ports; print(ports.free_port())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+    )
+    assert ports._reserve(int(gone.stdout.strip()))

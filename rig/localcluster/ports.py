@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import random
 import socket
+import tempfile
 from pathlib import Path
 
 # Linux's default, used when /proc cannot be read.
@@ -13,6 +16,14 @@ _TRIES = 200
 # Ports this process has handed out: two calls in a row never give the same port, though
 # neither is bound until later.
 _handed_out: set[int] = set()
+# Another test run on the same machine checks its ports the same way, so between this
+# process's check and its server's bind the other run could hand out the same port (seen:
+# two suites at once, a JobSet controller "bind: address already in use"). Each port handed
+# out is therefore also reserved for as long as this process lives: an flock on a file
+# named after it, in one directory every run shares. The kernel drops the lock when the
+# process ends, however it ends, so nothing is left to clean up.
+_RESERVATIONS = Path(tempfile.gettempdir()) / "holdwarden-ports"
+_reserved: dict[int, int] = {}  # port -> the open file descriptor holding its lock
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -41,6 +52,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         port = random.randrange(_LOWEST, low)
         if port in _handed_out:
             continue
+        if not _reserve(port):
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
@@ -49,6 +62,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         _handed_out.add(port)
         return port
     return _kernel_port(host)
+
+
+def _reserve(port: int) -> bool:
+    """Take ``port``'s machine-wide reservation for this process (False: another live
+    process holds it, or it cannot be taken here)."""
+    if port in _reserved:
+        return True
+    try:
+        _RESERVATIONS.mkdir(mode=0o1777, exist_ok=True)
+        fd = os.open(_RESERVATIONS / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _reserved[port] = fd
+    return True
 
 
 def _kernel_port(host: str) -> int:
