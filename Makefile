@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-real demo lint typecheck unit binaries bench clean lock
+.PHONY: test test-real demo lint typecheck unit binaries bench clean lock image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ lint: $(STAMP)
 lock: $(STAMP)
 	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --no-header --quiet -o requirements.lock
+
+# The shipped Dockerfile built with buildah (daemonless), on a stand-in base made here with
+# mmdebstrap when the real one cannot be pulled (HOLDWARDEN_IMAGE_BASE=pull pulls it);
+# missing Debian packages are installed with apt-get. Leaves
+# $(HOLDWARDEN_CACHE)/images/holdwarden-<version>.tar for `ctr -n k8s.io images import`.
+image: $(STAMP)
+	$(PY) -m rig.image
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
