@@ -402,15 +402,29 @@ def ensure_base(mode: str) -> str:
 # --- 3. and 4. the image and its archive --------------------------------------------------
 
 
-def _revision() -> str:
-    done = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
+# What the Dockerfile copies: a change to any of them is a change to the image.
+CONTEXT = ("Dockerfile", "pyproject.toml", "README.md", "requirements.lock",
+           "adapter", "webhook", "readmission", "certs", "holdwarden")  # fmt: skip
+
+
+def revision() -> str:
+    """The commit the image is built from, ``-dirty`` when what it copies differs from it;
+    ``unknown`` outside a git checkout."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "-C", str(REPO), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    changed = git("status", "--porcelain", "--", *CONTEXT)
+    return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
 
 
 @contextmanager
@@ -443,6 +457,7 @@ def build_image(*, quiet: bool = False) -> Image:
     with _locked():
         ensure_tools()
         base = ensure_base(os.environ.get("HOLDWARDEN_IMAGE_BASE", "local"))
+        rev = revision()
         # fmt: off
         argv = buildah(
             "build",
@@ -453,7 +468,11 @@ def build_image(*, quiet: bool = False) -> Image:
             "--network=host",
             "--isolation=chroot",
             "--build-arg", f"VERSION={version}",
-            "--build-arg", f"REVISION={_revision()}",
+            "--build-arg", f"REVISION={rev}",
+            # Also as labels of the build itself: buildah's layer cache does not see a
+            # build argument's new value in a LABEL step, and would keep the old revision.
+            "--label", f"org.opencontainers.image.version={version}",
+            "--label", f"org.opencontainers.image.revision={rev}",
             "--tag", name,
             "--file", str(DOCKERFILE),
             str(REPO),

@@ -202,6 +202,7 @@ def test_the_archive_is_one_tagged_image_for_ctr(
     assert config["Entrypoint"] == ["holdwarden"]
     assert config["Cmd"] == ["serve", "--config", "/etc/holdwarden/config.yaml"]
     assert config["Labels"]["org.opencontainers.image.version"] == built.version
+    assert config["Labels"]["org.opencontainers.image.revision"] == image_build.revision()
 
 
 PROBE = """
