@@ -15,6 +15,7 @@ cache's check and the runs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import subprocess
 import tarfile
 import tomllib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,13 +50,17 @@ class Unpacked:
     tags: list[str]
 
 
-def _unpack(archive: Path, into: Path) -> tuple[dict[str, Any], list[str]]:
-    """Apply a docker-archive's layers in order into ``into``, whiteouts included."""
+def _read(archive: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A docker-archive's one manifest entry and its image config."""
     with tarfile.open(archive) as outer:
-        manifest = json.load(_member(outer, "manifest.json"))
-        (entry,) = manifest
-        config = json.load(_member(outer, entry["Config"]))
-        for layer_name in entry["Layers"]:
+        (entry,) = json.load(_member(outer, "manifest.json"))
+        return entry, json.load(_member(outer, entry["Config"]))
+
+
+def _unpack(archive: Path, layers: Sequence[str], into: Path) -> None:
+    """Apply a docker-archive's ``layers`` in order into ``into``, whiteouts included."""
+    with tarfile.open(archive) as outer:
+        for layer_name in layers:
             with tarfile.open(fileobj=_member(outer, layer_name), mode="r:*") as layer:
                 keep = []
                 for member in layer:
@@ -69,7 +74,6 @@ def _unpack(archive: Path, into: Path) -> tuple[dict[str, Any], list[str]]:
                     else:
                         keep.append(member)
                 layer.extractall(into, members=keep, numeric_owner=True, filter="fully_trusted")
-    return config, list(entry.get("RepoTags") or [])
 
 
 def _member(tar: tarfile.TarFile, name: str) -> Any:
@@ -92,21 +96,20 @@ def built() -> image_build.Image:
 
 
 @pytest.fixture(scope="module")
-def unpacked(built: image_build.Image) -> Iterator[Unpacked]:
-    """The archive's root filesystem, unpacked once per image (cached beside it)."""
-    folder = image_build.images_dir() / f"rootfs-{built.image_id[:12]}"
-    meta = folder.with_suffix(".json")
-    if not meta.is_file():
+def unpacked(built: image_build.Image) -> Unpacked:
+    """The archive's root filesystem, unpacked once per set of layers (cached beside it:
+    a new revision changes the image's labels, not its layers); its config read afresh."""
+    entry, config = _read(built.archive)
+    key = hashlib.sha256("\n".join(entry["Layers"]).encode()).hexdigest()[:12]
+    folder = image_build.images_dir() / f"rootfs-{key}"
+    if not folder.is_dir():
         for old in image_build.images_dir().glob("rootfs-*"):
             _remove(old)
         partial = folder.with_suffix(".partial")
-        _remove(partial)
         partial.mkdir(parents=True)
-        config, tags = _unpack(built.archive, partial / "rootfs")
+        _unpack(built.archive, entry["Layers"], partial / "rootfs")
         partial.rename(folder)
-        meta.write_text(json.dumps({"config": config, "tags": tags}))
-    data = json.loads(meta.read_text())
-    yield Unpacked(folder / "rootfs", data["config"]["config"], data["tags"])
+    return Unpacked(folder / "rootfs", config["config"], list(entry.get("RepoTags") or []))
 
 
 @dataclass(frozen=True)
