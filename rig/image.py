@@ -29,11 +29,13 @@ the command, its output's tail and what to do.
 from __future__ import annotations
 
 import argparse
+import codecs
 import fcntl
 import hashlib
 import json
 import os
 import re
+import selectors
 import shutil
 import subprocess
 import sys
@@ -137,10 +139,9 @@ def run(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                text=True,
             )
             try:
-                out, _ = _stream(proc, timeout)
+                out = _stream(proc, timeout)
             except subprocess.TimeoutExpired as exc:
                 proc.kill()
                 proc.wait(timeout=30)
@@ -174,31 +175,30 @@ def run(
     return done.stdout
 
 
-def _stream(proc: subprocess.Popen[str], timeout: float) -> tuple[str, None]:
-    """Copy ``proc``'s output to stderr as it comes, until it exits or ``timeout``."""
-    import selectors
-
+def _stream(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """Copy ``proc``'s output to stderr as it comes, until it exits or ``timeout``: reads
+    whatever is there (never waits for a line's end), so the deadline always holds."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     kept: list[str] = []
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
-    try:
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(proc.args, timeout)
             if not selector.select(timeout=min(left, 1.0)):
                 continue
-            line = proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            kept.append(line)
-            sys.stderr.write(line)
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        selector.close()
-    return "".join(kept), None
+            text = decoder.decode(chunk)
+            kept.append(text)
+            sys.stderr.write(text)
+    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return "".join(kept) + decoder.decode(b"", final=True)
 
 
 # --- 1. the tools ----------------------------------------------------------------------

@@ -273,3 +273,27 @@ def test_the_cli_reads_embedded_certificates_on_a_read_only_root(
     assert yaml.safe_load(ran.out)["state"] == "at-start-gate", ran.out
     ran = run_image(unpacked, ["status", "absent", *common], tmp_path, binds=binds)
     assert ran.code == 5 and "not found" in ran.out, ran.out
+
+
+# -- the build's own pieces, without building ---------------------------------------------
+
+
+def test_the_stand_in_base_is_stored_under_the_dockerfile_from_name() -> None:
+    assert image_build.from_images() == ["python:3.11-slim"]  # both stages, one base
+    assert image_build.qualified("python:3.11-slim") == "docker.io/library/python:3.11-slim"
+    assert image_build.qualified("org/img:1") == "docker.io/org/img:1"
+    assert image_build.qualified("registry.local:5000/img:1") == "registry.local:5000/img:1"
+
+
+def test_every_build_command_is_bounded_and_named_when_it_fails() -> None:
+    for echo in (False, True):
+        with pytest.raises(image_build.ImageBuildError, match=r"probing: `sleep 30` took over"):
+            image_build.run(["sleep", "30"], timeout=0.5, what="probing", echo=echo)
+        with pytest.raises(image_build.ImageBuildError, match=r"exited 3:\nboom"):
+            image_build.run(
+                ["sh", "-c", "echo boom >&2; exit 3"], timeout=30, what="probing", echo=echo
+            )
+    with pytest.raises(image_build.ImageBuildError, match="not installed"):
+        image_build.run(["holdwarden-no-such-tool"], timeout=5, what="probing")
+    with pytest.raises(image_build.ImageBuildError, match="expected local or pull"):
+        image_build.ensure_base("sometimes")
