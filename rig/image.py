@@ -428,7 +428,7 @@ def revision() -> str:
 
 
 @contextmanager
-def _locked() -> Iterator[None]:
+def build_lock() -> Iterator[None]:
     """One image build at a time per cache (make image and the test may race)."""
     folder = images_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -454,7 +454,7 @@ def build_image(*, quiet: bool = False) -> Image:
     """The image of this checkout, built (or found in the cache) and exported."""
     version = project_version()
     name = f"localhost/holdwarden:{version}"
-    with _locked():
+    with build_lock():
         ensure_tools()
         base = ensure_base(os.environ.get("HOLDWARDEN_IMAGE_BASE", "local"))
         rev = revision()

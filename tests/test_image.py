@@ -102,13 +102,14 @@ def unpacked(built: image_build.Image) -> Unpacked:
     entry, config = _read(built.archive)
     key = hashlib.sha256("\n".join(entry["Layers"]).encode()).hexdigest()[:12]
     folder = image_build.images_dir() / f"rootfs-{key}"
-    if not folder.is_dir():
-        for old in image_build.images_dir().glob("rootfs-*"):
-            _remove(old)
-        partial = folder.with_suffix(".partial")
-        partial.mkdir(parents=True)
-        _unpack(built.archive, entry["Layers"], partial / "rootfs")
-        partial.rename(folder)
+    with image_build.build_lock():  # another run may be unpacking or building
+        if not folder.is_dir():
+            for old in image_build.images_dir().glob("rootfs-*"):
+                _remove(old)
+            partial = folder.with_suffix(".partial")
+            partial.mkdir(parents=True)
+            _unpack(built.archive, entry["Layers"], partial / "rootfs")
+            partial.rename(folder)
     return Unpacked(folder / "rootfs", config["config"], list(entry.get("RepoTags") or []))
 
 
