@@ -23,7 +23,7 @@ PYTHONS_TESTS := tests/test_webhook_review.py tests/test_webhook_rules.py \
 	tests/test_audit_rotation.py tests/test_adapter_kube.py tests/test_adapter_aio.py \
 	--deselect tests/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
 
-.PHONY: test test-real test-pythons demo lint typecheck unit binaries bench clean lock
+.PHONY: test test-real test-pythons demo lint typecheck unit binaries bench clean lock image
 
 # $(call make_venv,INTERPRETER,VENV): the project with its dev dependencies in VENV.
 define make_venv
@@ -61,6 +61,13 @@ lint: $(STAMP)
 lock: $(STAMP)
 	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --no-header --quiet -o requirements.lock
+
+# The shipped Dockerfile built with buildah (daemonless), on a stand-in base made here with
+# mmdebstrap when the real one cannot be pulled (HOLDWARDEN_IMAGE_BASE=pull pulls it);
+# missing Debian packages are installed with apt-get. Leaves
+# $(HOLDWARDEN_CACHE)/images/holdwarden-<version>.tar for `ctr -n k8s.io images import`.
+image: $(STAMP)
+	$(PY) -m rig.image
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -39,6 +39,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.kube_config import KubeConfigLoader
 
 from holdwarden import objects
+from holdwarden.kubeclient import embedded_to_memory
 from holdwarden.vocabulary import (
     JOBSET_NAME_LABEL,
     MULTIKUEUE_KUBECONFIG_KEY,
@@ -235,6 +236,8 @@ def _api_client(secret: k8s.V1Secret, where: str) -> k8s.ApiClient:
         if not isinstance(document, dict):
             raise ValueError("not a YAML mapping")
         configuration = k8s.Configuration()
+        # Its certificates as in-memory files: the image's root is read-only.
+        embedded_to_memory(document)
         KubeConfigLoader(config_dict=document).load_and_set(configuration)  # type: ignore[no-untyped-call]
     except (binascii.Error, yaml.YAMLError, ValueError, ConfigException) as exc:
         raise _UnusableKubeconfig(

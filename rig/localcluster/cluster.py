@@ -208,6 +208,23 @@ class LocalCluster:
     def kubeconfig_path(self) -> Path:
         return self.workdir / "kubeconfig"
 
+    def embedded_kubeconfig(self, path: Path) -> Path:
+        """Write to ``path`` the admin's kubeconfig with every certificate and key embedded
+        (``*-data``), as a kubeconfig that travels is: it names no other file."""
+        work = self.workdir
+
+        def data(name: str) -> str:
+            return base64.b64encode((work / name).read_bytes()).decode()
+
+        credentials = {
+            "client-certificate-data": data("admin.crt"),
+            "client-key-data": data("admin.key"),
+        }
+        document = kubeconfig_document(
+            self.server_url, "admin", credentials, ca_pem=(work / "ca.crt").read_bytes()
+        )
+        return write_kubeconfig(path, document)
+
     def user_kubeconfig(self, path: Path, user_name: str, credentials: dict[str, str]) -> Path:
         """Write to ``path`` a kubeconfig for this apiserver as ``user_name`` with
         ``credentials`` (client certificate and key files, or a token)."""
