@@ -92,7 +92,7 @@ def test_a_kueue_release_after_kueues_own_deactivation_returns_the_warning() -> 
     assert "delete the Workload" in result.warnings[0]
     # The hold was lifted all the same: the PATCH reactivates the Workload.
     (patch,) = sends(steps, "PATCH")
-    assert patch.http.body["spec"] == {"active": True}
+    assert patch.http.body is not None and patch.http.body["spec"] == {"active": True}
 
 
 def test_a_kueue_release_of_a_plain_hold_returns_no_warning() -> None:
