@@ -252,9 +252,10 @@ def trainer_honours_managed_by(crd: object) -> bool | None:
     such version, another shape): None, unknown.
     """
     spec = _schema_at(crd, TRAINJOB.version, "spec")
-    if spec is None:
+    properties = objects.section(spec, "properties")
+    if spec is None or not properties:
         return None
-    if not objects.section(objects.section(spec, "properties"), "managedBy"):
+    if not objects.section(properties, "managedBy"):
         return False
     uri = _schema_at(crd, TRAINJOB.version, "spec", "initializer", "dataset", "storageUri")
     if uri is None:
