@@ -258,6 +258,8 @@ class Preflight:
         try:
             items = yield from self._list(resource, namespace, deadline, TRAP_LIST_LIMIT)
         except ApiStatusError as exc:
+            if exc.status == 404:  # the kind is not served here: there are none
+                return [], None
             return [], f"{resource.plural}: {api_message(exc)}"
         return items, None
 
@@ -305,6 +307,8 @@ class Preflight:
         try:
             config_map = yield from self._send(req, deadline, Http("GET", path))
         except ApiStatusError as exc:
+            if exc.status == 404:
+                return None, f"no {where} (Kueue's configuration, if any, is elsewhere)"
             return None, f"could not read {where}: {api_message(exc)}"
         text = objects.section(config_map, "data").get(KUEUE_CONFIG_KEY)
         if not isinstance(text, str):
