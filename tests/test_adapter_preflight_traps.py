@@ -206,8 +206,7 @@ def test_preflight_reports_kueues_force_deletion_and_retention(
     before = adapter.preflight(namespace)
     assert before.extra["kueueForceDelete"].supported
     assert (
-        "no ConfigMap kueue-system/kueue-manager-config"
-        in before.extra["kueueForceDelete"].reason
+        "no ConfigMap kueue-system/kueue-manager-config" in before.extra["kueueForceDelete"].reason
     )
     assert before.extra["kueueRetention"].supported
 
