@@ -115,6 +115,9 @@ def test_a_held_trainjob_whose_runtime_is_deleted_cannot_be_released_and_is_name
             eventually(lambda: not objects.suspended(), "Kueue admits and runs the job")
         adapter.hold(ref, meta(1), "node lost")
         eventually(objects.suspended, "the held job is suspended")
+        # Plain mode: a Release would meet PodsRemain first while the held execution's
+        # pods are still there (its pod check comes before its write).
+        eventually(lambda: not objects.pods(), "the held execution's pods are gone")
 
         delete_runtime(real_admin, real_namespace, runtime)
         refusal = eventually(
