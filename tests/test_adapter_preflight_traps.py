@@ -33,8 +33,9 @@ from holdwarden.vocabulary import (
     MULTIKUEUE_CONTROLLER,
     SAFE_TO_FORCEFULLY_DELETE_ANNOTATION,
     TRAINJOB,
+    WORKLOAD,
 )
-from rig.builders import trainjob_body
+from rig.builders import kueue_workload_body, trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from rig.localcluster.cluster import CRD_FILES, find_crd_dir
 
@@ -105,19 +106,29 @@ def test_hold_is_refused_with_multikueue_and_a_trainer_that_ignores_managed_by(
         assert not result.hold_supported
         assert result.hold_unsupported_reason == cap.reason
         assert result.to_dict()["capabilities"]["trainerManagedBy"]["supported"] is False
-        # Hold itself is refused before it writes: Unsupported, with the reason.
-        custom = k8s.CustomObjectsApi(supervisor)
-        custom.create_namespaced_custom_object(
-            TRAINJOB.group,
-            TRAINJOB.version,
-            namespace,
-            TRAINJOB.plural,
+    # Hold itself is refused before it writes: Unsupported, with the reason. (The job
+    # and the Workload Kueue would make for it, made here: no Kueue runs on this plane.)
+    with v221_cluster.api_client() as admin:
+        custom = k8s.CustomObjectsApi(admin)
+        created: Any = custom.create_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, namespace, TRAINJOB.plural,
             trainjob_body("job", queue="q"),
-        )
+        )  # fmt: skip
+        custom.create_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural,
+            kueue_workload_body(created, queue="q"),
+        )  # fmt: skip
+    with v221_cluster.api_client(SUPERVISOR_IDENTITY) as supervisor:
+        adapter = make(v221_cluster, supervisor)
         with pytest.raises(Unsupported, match=r"ignores spec\.managedBy"):
             adapter.hold(
                 Ref(namespace, "job"), CallMeta(datetime.now(UTC) + timedelta(seconds=20), 1), "r"
             )
+        held: Any = k8s.CustomObjectsApi(supervisor).get_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural,
+            kueue_workload_body(created, queue="q")["metadata"]["name"],
+        )  # fmt: skip
+        assert held["spec"].get("active", True) is True  # nothing written
 
 
 def test_without_multikueue_a_v221_trainer_does_not_matter(v221_cluster: LocalCluster) -> None:
