@@ -419,7 +419,7 @@ def retention_capability(settings: KueueSettings | None, settings_error: str | N
     if settings is None:
         return Capability(
             True,
-            f"could not read Kueue's configuration ({settings_error or 'unknown'}); if "
+            f"Kueue's configuration is not known here ({settings_error or 'unknown'}); if "
             "objectRetentionPolicies.workloads.afterDeactivatedByKueue is set, Kueue deletes "
             "a job it deactivated even while it is held",
         )
