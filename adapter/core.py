@@ -911,8 +911,9 @@ class AdapterCore:
             if exc.status == 409:
                 raise _ConflictError() from exc
             refusal = api_message(exc)
-            if resource is TRAINJOB and traps.is_runtime_refusal(exc.status, refusal):
-                runtime = traps.runtime_of(read)
+            runtime = traps.runtime_of(read) if resource is TRAINJOB else None
+            name = runtime.name if runtime is not None else None
+            if resource is TRAINJOB and traps.is_runtime_refusal(exc.status, refusal, name):
                 raise RuntimeMissing(
                     traps.runtime_missing_message(what, runtime, refusal),
                     str(runtime) if runtime is not None else "",

@@ -26,6 +26,7 @@ TrainJob) ask the questions; these answer them. docs/adapter.md, "Traps", tells 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,13 +102,15 @@ def requeue_blocked(workload: object) -> str | None:
 def stranded_advice(namespace: str, workload: str, reason: str) -> str:
     """What to tell the caller about a Workload ``requeue_blocked`` by ``reason``."""
     return (
-        f"Workload {namespace}/{workload} was deactivated by Kueue itself ({reason}); Kueue "
-        "up to v0.19 never queues such a Workload again once it is active (its Requeued "
-        "condition stays False; kueue issue 14870, fixed in v0.20), so the job stays "
-        "stopped. To run it again, delete the Workload (kubectl delete workload -n "
-        f"{namespace} {workload}): Kueue makes a new, active one for the TrainJob, which "
-        "the readmission gate admits as usual; or upgrade Kueue to v0.20 or later. If Kueue "
-        "stopped it for good reason (its time or requeuing limit), fix that first"
+        f"Workload {namespace}/{workload} was deactivated by Kueue itself ({reason}), and "
+        "Kueue up to v0.19 does not run such a Workload again when it is reactivated: it "
+        "deactivates it again at once while its DeactivationTarget condition stays True (a "
+        "time limit), and otherwise never queues it (its Requeued condition stays False; "
+        "kueue issue 14870, fixed in v0.20), so the job stays stopped. To run it again, "
+        f"delete the Workload (kubectl delete workload -n {namespace} {workload}): Kueue "
+        "makes a new, active one for the TrainJob, which the readmission gate admits as "
+        "usual; or upgrade Kueue to v0.20 or later. If Kueue stopped it for good reason (its "
+        "time or requeuing limit), fix that first"
     )
 
 
@@ -157,16 +160,24 @@ _RUNTIME_REFUSAL_MARKS = (
     "specified trainingRuntime must be created before the TrainJob is created",
     "specified clusterTrainingRuntime must be created before the TrainJob is created",
 )
+# Kueue v0.19.2's TrainJob webhook ("vtrainjob.kb.io") resolves the runtime on every
+# CREATE and UPDATE of a TrainJob too (its topology-aware-scheduling check builds the pod
+# sets from it, with the feature on by default) and denies with "runtime '<name>' not
+# found" (pkg/controller/jobs/trainjob). Validating webhooks run in parallel and which
+# refusal the API server reports is not defined, so either may come back.
+_KUEUE_RUNTIME_REFUSAL = re.compile(r"runtime '([^']*)' not found")
 
 
-def is_runtime_refusal(status: int, message: str) -> bool:
-    """The API server refused a TrainJob write because Trainer's webhook could not find the
-    runtime it names (not found: its own message says so), and for nothing else."""
-    return (
-        status in (400, 403, 422)
-        and any(mark in message for mark in _RUNTIME_REFUSAL_MARKS)
-        and "not found" in message
-    )
+def is_runtime_refusal(status: int, message: str, name: str | None = None) -> bool:
+    """The API server refused a TrainJob write because a webhook (Trainer's or Kueue's)
+    could not find the runtime it names, and for nothing else. With ``name``, Kueue's
+    refusal must name that runtime."""
+    if status not in (400, 403, 422):
+        return False
+    if any(mark in message for mark in _RUNTIME_REFUSAL_MARKS) and "not found" in message:
+        return True
+    found = _KUEUE_RUNTIME_REFUSAL.search(message)
+    return found is not None and (name is None or found.group(1) == name)
 
 
 def runtime_missing_message(what: str, runtime: RuntimeName | None, refusal: str) -> str:
@@ -174,9 +185,10 @@ def runtime_missing_message(what: str, runtime: RuntimeName | None, refusal: str
     own words (``refusal``; empty when the runtime was found missing before writing)."""
     named = str(runtime) if runtime is not None else "the runtime its spec.runtimeRef names"
     text = (
-        f"{what}: {named} does not exist, and Trainer's webhook refuses every update of a "
-        "TrainJob whose runtime is gone (Trainer v2.3 reads it on each update and no longer "
-        "keeps it with a finalizer): nothing was written and the hold, if any, stays in "
+        f"{what}: {named} does not exist, and Trainer's webhook (and Kueue's) refuses every "
+        "update of a TrainJob whose runtime is gone (Trainer v2.3 reads it on each update "
+        "and no longer keeps it with a finalizer): nothing was written and the hold, if any, "
+        "stays in "
         f"force. Re-create {named} (the same name and kind), then call again; or delete the "
         "TrainJob"
     )

@@ -124,15 +124,15 @@ class Observation:
 
     @property
     def stranded(self) -> bool:
-        """Kueue mode: the Workload is active and no hold is in force, yet Kueue up to v0.19
-        will never queue it again: reactivated (e.g. released) after Kueue's own
-        deactivation (``kueue_requeue_blocked``). Kueue v0.20 and later requeue it within
-        moments, so there it is true only briefly. docs/adapter.md, "Observe", says what
-        to do."""
+        """Kueue mode: Kueue deactivated the Workload itself (``kueue_requeue_blocked``),
+        no hold is in force and the job is not running, and reactivating it, by Release or
+        by hand, will not run it on Kueue up to v0.19: Kueue either deactivates it again at
+        once (its ``DeactivationTarget`` condition stays True after a time limit) or, active,
+        never queues it (kueue issue 14870). Deleting the Workload does (docs/adapter.md,
+        "Traps"). On Kueue v0.20 and later a reactivated one is requeued within moments."""
         return (
             self.workload is not None
             and self.kueue_requeue_blocked is not None
-            and self.workload_active
             and self.state not in (State.HELD, State.ENDED, State.RUNNING)
         )
 
@@ -167,6 +167,7 @@ class Observation:
             "admissionChecks": dict(self.admission_checks),
             "ungatedAdmission": self.ungated_admission,
             "kueueRequeueBlocked": self.kueue_requeue_blocked,
+            "workloadActive": self.workload_active,
             "stranded": self.stranded,
         }
 

@@ -164,7 +164,7 @@ def observation(
     [
         (observation(State.DEACTIVATED_BY_KUEUE, MET, True), True),
         (observation(State.WAITING_FOR_ADMISSION, MET, True), True),
-        (observation(State.DEACTIVATED_BY_KUEUE, MET, False), False),  # still inactive
+        (observation(State.DEACTIVATED_BY_KUEUE, MET, False), True),  # deactivated again
         (observation(State.HELD, MET, False), False),
         (observation(State.DEACTIVATED_BY_KUEUE, None, True), False),
         (observation(State.RUNNING, MET, True), False),
@@ -243,6 +243,10 @@ CTR_REFUSAL = (
     "before the TrainJob is created"
 )
 
+KUEUE_REFUSAL = (
+    "admission webhook \"vtrainjob.kb.io\" denied the request: runtime 'rt-ec52ce' not found"
+)
+
 
 @pytest.mark.parametrize(
     ("status", "message", "expected"),
@@ -254,10 +258,18 @@ CTR_REFUSAL = (
         (422, TR_REFUSAL.replace("not found", "is forbidden"), False),  # Trainer could not read it
         (422, "spec.trainer: Invalid value: 3", False),
         (403, "held-trainjob-suspended: ...", False),
+        (403, KUEUE_REFUSAL, True),  # Kueue's TrainJob webhook, seen on the real Kueue
+        (500, KUEUE_REFUSAL, False),
     ],
 )
 def test_is_runtime_refusal(status: int, message: str, expected: bool) -> None:
     assert traps.is_runtime_refusal(status, message) is expected
+
+
+def test_kueues_refusal_must_name_the_runtime_when_it_is_known() -> None:
+    assert traps.is_runtime_refusal(403, KUEUE_REFUSAL, "rt-ec52ce")
+    assert not traps.is_runtime_refusal(403, KUEUE_REFUSAL, "other")
+    assert traps.is_runtime_refusal(422, TR_REFUSAL, "other")  # Trainer's names it otherwise
 
 
 def test_runtime_missing_message_names_runtime_and_keeps_the_api_servers_words() -> None:

@@ -1,14 +1,16 @@
 """Issue 29, trap 2, on the real Trainer v2.3.0 (its webhook) and Kueue v0.19.2: delete
 the runtime of a held TrainJob and Trainer's webhook refuses every later update of it.
-Preflight names the TrainJob and its runtime; Release raises ``RuntimeMissing`` naming the
-runtime and writes nothing (plain mode: the webhook's refusal, classified, its words kept;
+Kueue's TrainJob webhook reads it too, on every write of any TrainJob (seen here: it
+answered the refusal as often as Trainer's). Preflight names the TrainJob and its runtime;
+Release raises ``RuntimeMissing`` naming the runtime and writes nothing (plain mode: the
+webhooks' refusal, classified, its words kept;
 Kueue mode: found missing before the write, since there the write is the Workload's and
 what would fail is Kueue's unsuspend and the gate's attempt raise). With the runtime made
 again, the same Release succeeds.
 
-Trainer's webhook reads runtimes through its informer cache, so after each delete or
-create the test waits for the cache, not for time: until a server-side dry-run update of
-the TrainJob meets the expected answer.
+Both webhooks read runtimes through informer caches, so after each create or delete the
+test waits for the caches, not for time: until a server-side dry-run write of the TrainJob
+meets the expected answer.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ from tests.real.story import meta
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 
-MUST_EXIST = "must be created before the TrainJob is created"
+MUST_EXIST = "must be created before the TrainJob is created"  # Trainer's refusal
+
+
+def runtime_refusal(body: str, runtime: str) -> bool:
+    """Trainer's or Kueue's webhook refused for the missing runtime. Both read it on
+    every TrainJob write; which refusal the API server reports is not defined."""
+    return MUST_EXIST in body or f"runtime '{runtime}' not found" in body
 
 
 def make_runtime(admin: k8s.ApiClient, namespace: str, name: str) -> None:
@@ -66,9 +74,9 @@ def delete_runtime(admin: k8s.ApiClient, namespace: str, name: str) -> None:
     )
 
 
-def update_refused_for_runtime(admin: k8s.ApiClient, ref: Ref) -> str | None:
-    """A server-side dry-run update of the TrainJob: Trainer's refusal for its runtime, or
-    None when the update passes (nothing is stored either way)."""
+def update_refused_for_runtime(admin: k8s.ApiClient, ref: Ref, runtime: str) -> str | None:
+    """A server-side dry-run update of the TrainJob: the webhooks' refusal for its runtime,
+    or None when the update passes (nothing is stored either way)."""
     try:
         k8s.CustomObjectsApi(admin).patch_namespaced_custom_object(
             TRAINJOB.group, TRAINJOB.version, ref.namespace, TRAINJOB.plural, ref.name,
@@ -76,10 +84,25 @@ def update_refused_for_runtime(admin: k8s.ApiClient, ref: Ref) -> str | None:
             dry_run="All",
         )  # fmt: skip
     except k8s.ApiException as exc:
-        if MUST_EXIST in (exc.body or ""):
+        if runtime_refusal(exc.body or "", runtime):
             return str(exc.body)
         raise
     return None
+
+
+def created_refused_for_runtime(admin: k8s.ApiClient, body: dict[str, Any]) -> bool:
+    """A server-side dry-run create of ``body``: True while a webhook's cache has not seen
+    its runtime yet."""
+    try:
+        k8s.CustomObjectsApi(admin).create_namespaced_custom_object(
+            TRAINJOB.group, TRAINJOB.version, body["metadata"]["namespace"], TRAINJOB.plural,
+            body, dry_run="All",
+        )  # fmt: skip
+    except k8s.ApiException as exc:
+        if runtime_refusal(exc.body or "", body["spec"]["runtimeRef"]["name"]):
+            return True
+        raise
+    return False
 
 
 def job(namespace: str, runtime: str, queue: str | None) -> dict[str, Any]:
@@ -108,11 +131,19 @@ def test_a_held_trainjob_whose_runtime_is_deleted_cannot_be_released_and_is_name
     objects = Objects(real_admin, real_namespace)
     with real_cluster.api_client(SUPERVISOR_IDENTITY) as supervisor:
         adapter = Adapter(Config(mode=mode), supervisor)  # type: ignore[arg-type]
-        ref = adapter.start(job(real_namespace, runtime, queue), meta())
+        body = job(real_namespace, runtime, queue)
+        eventually(
+            lambda: not created_refused_for_runtime(real_admin, body),
+            "Trainer's and Kueue's webhooks see the new runtime",
+        )
+        ref = adapter.start(body, meta())
         assert adapter.preflight(real_namespace).extra["trainJobRuntimes"].supported
         adapter.open(ref, meta())
         if mode == "kueue":
             eventually(lambda: not objects.suspended(), "Kueue admits and runs the job")
+        # The execution has begun (its pods exist) before the hold, so that "no pod" after
+        # it means the execution is gone, not that it has not started yet.
+        eventually(objects.pods, "the job's pods are made")
         adapter.hold(ref, meta(1), "node lost")
         eventually(objects.suspended, "the held job is suspended")
         # Plain mode: a Release would meet PodsRemain first while the held execution's
@@ -121,7 +152,7 @@ def test_a_held_trainjob_whose_runtime_is_deleted_cannot_be_released_and_is_name
 
         delete_runtime(real_admin, real_namespace, runtime)
         refusal = eventually(
-            lambda: update_refused_for_runtime(real_admin, ref),
+            lambda: update_refused_for_runtime(real_admin, ref, runtime),
             "Trainer's webhook sees the runtime gone",
         )
         assert runtime in refusal
@@ -134,14 +165,15 @@ def test_a_held_trainjob_whose_runtime_is_deleted_cannot_be_released_and_is_name
         assert caught.value.runtime == named
         assert f"{named} does not exist" in str(caught.value)
         assert f"Re-create {named}" in str(caught.value)
-        if mode == "plain":  # the webhook's own words are kept
-            assert MUST_EXIST in str(caught.value)
+        if mode == "plain":  # the webhook's own words are kept (Trainer's or Kueue's)
+            assert "The API server said: " in str(caught.value)
+            assert runtime_refusal(str(caught.value), runtime)
         observed = adapter.observe(ref)
         assert observed.state is State.HELD and observed.hold_instance == 1, observed
 
         make_runtime(real_admin, real_namespace, runtime)
         eventually(
-            lambda: update_refused_for_runtime(real_admin, ref) is None,
+            lambda: update_refused_for_runtime(real_admin, ref, runtime) is None,
             "Trainer's webhook sees the runtime again",
         )
         assert adapter.release(ref, meta(1)).warnings == ()
