@@ -270,12 +270,12 @@ class Preflight:
         jobs, jobs_error = yield from self._list_or_error(TRAINJOB, namespace, deadline)
         if jobs_error is not None:
             return Capability(False, f"could not list TrainJobs in {namespace}: {jobs_error}")
+        # Every item of a namespaced LIST is of that namespace (runtime_of reads it there).
         named = [
             (str(objects.name(job)), runtime)
             for job in jobs
-            if (runtime := traps.runtime_of({**job, "metadata": {**job["metadata"],
-                                                               "namespace": namespace}}))
-        ]  # fmt: skip
+            if (runtime := traps.runtime_of(job)) is not None
+        ]
         present: set[traps.RuntimeName] = set()
         unseen: list[str] = []
         for resource, scope in ((TRAININGRUNTIME, namespace), (CLUSTERTRAININGRUNTIME, None)):
