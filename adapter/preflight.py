@@ -327,7 +327,8 @@ class Preflight:
     ) -> Operation[Capability]:
         """``kueueForceDelete``: the pods of the namespace's TrainJobs that opt in to Kueue's
         FailureRecoveryPolicy, and whether Kueue's configuration turns it on."""
-        req = Request("list", "pods", namespace)
+        # Named, so the request log tells it from Release's and Observe's pod LISTs.
+        req = Request("list", "pods", namespace, "preflight-force-delete-opt-ins")
         http = Http(
             "GET",
             f"/api/v1/namespaces/{namespace}/pods",
