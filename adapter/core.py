@@ -258,9 +258,20 @@ class AdapterCore:
         """Create the TrainJob; in Kueue mode wait (bounded by the deadline) for its
         Workload, so every started object has one. On timeout the TrainJob stays created."""
         deadline = self._deadline(meta)
+        config = self.config
+        namespace = decisions.needs_namespace_for_start(
+            trainjob, manage_jobs_without_queue_name=config.kueue_manage_jobs_without_queue_name
+        )
+        unlabelled_managed = False
+        if namespace:
+            labels = yield from self._namespace_labels(namespace, deadline)
+            unlabelled_managed = config.kueue_managed_jobs_namespace_selector.matches(labels)
         try:
             body = decisions.validate_start_body(
-                trainjob, mode=self.mode, annotations=self.annotations
+                trainjob,
+                mode=self.mode,
+                annotations=self.annotations,
+                kueue_manages_unlabelled=unlabelled_managed,
             )
         except ValueError as exc:
             raise Invalid(str(exc)) from exc
@@ -457,7 +468,7 @@ class AdapterCore:
             cached = self._preflights.get(namespace)
             if cached is not None:
                 return cached
-        result = yield from self._probes.run(namespace, None)
+        result = yield from self._probes.run(namespace, None, scan=True)
         self._preflights[namespace] = result
         return result
 
@@ -869,6 +880,23 @@ class AdapterCore:
         return bool(listed.get("items"))
 
     # ---- requests --------------------------------------------------------------------
+
+    def _namespace_labels(self, namespace: str, deadline: datetime) -> Operation[dict[str, str]]:
+        """The labels of Namespace ``namespace`` (Start's question: does Kueue manage a
+        TrainJob without a queue name there?)."""
+        req = Request("get", "namespaces", "", namespace)
+        http = Http("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}")
+        try:
+            found: Obj = yield from self._send(req, deadline, http)
+        except ApiStatusError as exc:
+            raise error_for(
+                exc,
+                f"start: reading Namespace {namespace} (kueue.manageJobsWithoutQueueName is true,"
+                " so whether Kueue manages a TrainJob without the queue-name label depends on"
+                " its labels; grant get on namespaces, or add the label)",
+            ) from exc
+        labels = (found.get("metadata") or {}).get("labels") or {}
+        return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
     def _get(
         self,

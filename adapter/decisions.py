@@ -1,9 +1,10 @@
 """The adapter's decisions, as pure functions: no I/O, no clock, no randomness.
 
 Each decision takes the object just read (a dict as the API server returned it) and the call,
-and returns a ``Decision``: either the full modified object to PUT (it keeps the read's
-``metadata.resourceVersion``, so the write is preconditioned on the read it was decided on)
-or an outcome that needs no write.
+and returns a ``Decision``: either the full modified object to write (it keeps the read's
+``metadata.resourceVersion``; the core sends only its difference from the read, as a merge
+PATCH carrying that resourceVersion, so the write is preconditioned on the read it was
+decided on: adapter/patches.py) or an outcome that needs no write.
 
 The held object is the Workload in Kueue mode and the TrainJob in plain mode. In Kueue mode
 no decision here ever writes ``spec.suspend``: Kueue owns that field.
@@ -423,16 +424,41 @@ def multikueue_capability(
     )
 
 
-def validate_start_body(trainjob: object, *, mode: Mode, annotations: Annotations) -> Obj:
+def needs_namespace_for_start(trainjob: object, *, manage_jobs_without_queue_name: bool) -> str:
+    """The namespace whose labels Start must read before deciding, or "" when none.
+
+    Only where Kueue manages jobs without a queue name, and only for a body without the
+    queue-name label: whether Kueue manages it then depends on the namespace's labels
+    (``kueue.managedJobsNamespaceSelector``). A malformed body gives "" (validation names
+    the field)."""
+    if not manage_jobs_without_queue_name or not isinstance(trainjob, dict):
+        return ""
+    meta = trainjob.get("metadata")
+    if not isinstance(meta, dict) or objects.is_kueue_managed(trainjob):
+        return ""
+    namespace = meta.get("namespace")
+    return namespace if isinstance(namespace, str) and _DNS_LABEL_RE.fullmatch(namespace) else ""
+
+
+def validate_start_body(
+    trainjob: object,
+    *,
+    mode: Mode,
+    annotations: Annotations,
+    kueue_manages_unlabelled: bool = False,
+) -> Obj:
     """Check a TrainJob body for Start; return the body to create (a copy).
 
     Raises ValueError naming the offending field. The body must be a new TrainJob with
     ``metadata.namespace`` and ``metadata.name`` and ``spec.runtimeRef.name``; it must not
     carry the adapter's own annotations (hold keys, opened, attempt: only the adapter's calls
-    write them). Kueue mode needs the ``kueue.x-k8s.io/queue-name`` label and leaves
-    ``spec.suspend`` as given (Kueue owns it). Plain mode refuses the queue-name label (Kueue
-    would own ``spec.suspend``), refuses ``spec.suspend: false`` and fills in ``true``: the
-    TrainJob starts at its start gate and Open runs it.
+    write them). Kueue mode needs the ``kueue.x-k8s.io/queue-name`` label, unless Kueue
+    manages TrainJobs without one in its namespace (``kueue_manages_unlabelled``: Kueue's
+    manageJobsWithoutQueueName, and the namespace selected), and leaves ``spec.suspend`` as
+    given (Kueue owns it). Plain mode refuses a TrainJob Kueue would manage (the label, or
+    ``kueue_manages_unlabelled``: Kueue would own ``spec.suspend`` and admit it past the
+    start gate), refuses ``spec.suspend: false`` and fills in ``true``: the TrainJob starts
+    at its start gate and Open runs it.
     """
     if not isinstance(trainjob, dict):
         raise ValueError("trainjob: must be a mapping (a TrainJob body)")
@@ -483,15 +509,26 @@ def validate_start_body(trainjob: object, *, mode: Mode, annotations: Annotation
     if suspend is not None and not isinstance(suspend, bool):
         raise ValueError(f"spec.suspend: must be a boolean, got {suspend!r}")
     if mode == "kueue":
-        if not labels.get(QUEUE_NAME_LABEL):
+        if not labels.get(QUEUE_NAME_LABEL) and not kueue_manages_unlabelled:
             raise ValueError(
-                f"metadata.labels[{QUEUE_NAME_LABEL}]: required in Kueue mode (the LocalQueue)"
+                f"metadata.labels[{QUEUE_NAME_LABEL}]: required in Kueue mode (the LocalQueue),"
+                f" unless Kueue manages jobs without a queue name in namespace {namespace}"
+                " (kueue.manageJobsWithoutQueueName and kueue.managedJobsNamespaceSelector, set"
+                " as Kueue is configured)"
             )
         return body
     if QUEUE_NAME_LABEL in labels:
         raise ValueError(
             f"metadata.labels[{QUEUE_NAME_LABEL}]: a Kueue-managed TrainJob cannot be started"
             " in plain mode (Kueue owns spec.suspend); configure mode: kueue"
+        )
+    if kueue_manages_unlabelled:
+        raise ValueError(
+            f"metadata.namespace: Kueue manages every TrainJob in namespace {namespace}, queue"
+            " label or not (kueue.manageJobsWithoutQueueName, and kueue.managedJobsNamespace"
+            "Selector selects it), so it would own spec.suspend and admit the job past its"
+            " start gate; start it in a namespace Kueue does not manage, or configure"
+            " mode: kueue"
         )
     if suspend is False:
         raise ValueError(

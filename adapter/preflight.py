@@ -16,8 +16,9 @@ The capabilities (docs/adapter.md, "Preflight"):
 - ``enforcer_installed``: a dry-run create of the held kind carrying a hold instance
   without its hold field, which the enforcer must refuse by the mode's rule
   (``enforcer_verdict``, ``EnforcerVerdict``).
-- ``extra``: ``readmissionGate`` and ``multiKueue`` (Kueue mode, ``GateProbe``) and
-  ``holdOwnership`` (``ownership_capability``). Reported, not conditions of Hold.
+- ``extra``: ``readmissionGate`` and ``multiKueue`` (Kueue mode, ``GateProbe``),
+  ``holdOwnership`` (``ownership_capability``) and ``kueueWithoutQueueName``
+  (``queueless_capability``). Reported, not conditions of Hold.
 - The traps (issue 29; decided in ``adapter.traps``): ``trainerManagedBy`` (Kueue mode, a
   condition of Hold: MultiKueue in use and a Trainer that ignores ``spec.managedBy``), and
   in ``extra``, reported: ``trainJobRuntimes`` (a TrainJob naming a runtime that is gone),
@@ -65,6 +66,7 @@ from holdwarden.vocabulary import (
     MULTIKUEUE_CONTROLLER,
     MULTIKUEUECLUSTER,
     MULTIKUEUECONFIG,
+    QUEUE_NAME_LABEL,
     TRAININGRUNTIME,
     TRAINJOB,
     TRAINJOB_CRD_NAME,
@@ -83,6 +85,7 @@ TRAP_LIST_LIMIT = 500
 # The trap capabilities preflight reports in ``extra`` (the CLI prints a warning for each
 # that is not supported).
 TRAP_CAPABILITIES = ("trainJobRuntimes", "kueueForceDelete", "kueueRetention")
+SCAN_HINT = "run `holdwarden preflight` (the lazy preflight of a first Hold lists no namespace)"
 NOT_PROBED = "not probed (access reviews only; run `holdwarden preflight`)"
 
 
@@ -182,8 +185,15 @@ class Preflight:
     def held_resource(self) -> Resource:
         return WORKLOAD if self.mode == "kueue" else TRAINJOB
 
-    def run(self, namespace: str, deadline: datetime | None) -> Operation[PreflightResult]:
-        """Every probe, dry-run creates included (what ``Adapter.preflight()`` reports)."""
+    def run(
+        self, namespace: str, deadline: datetime | None, *, scan: bool = False
+    ) -> Operation[PreflightResult]:
+        """Every probe, dry-run creates included (what ``Adapter.preflight()`` reports).
+
+        ``scan``: also list up to 100 Workloads for evidence of a mismatch with Kueue's
+        manageJobsWithoutQueueName (``queueless``). Only an explicit preflight scans: the
+        lazy one on a namespace's first Hold sends no LIST of Workloads (Hold finds its
+        Workload by name, at any namespace size; docs/adapter.md, "Kueue mode")."""
         runtime = yield from self.runtime_ref(namespace, deadline)
         extra: dict[str, Capability] = {}
         if self.mode == "kueue":
@@ -191,10 +201,11 @@ class Preflight:
             extra["readmissionGate"] = gate.readmission_gate
             extra["multiKueue"] = gate.multikueue
         extra["holdOwnership"] = yield from self.ownership(deadline)
-        extra["trainJobRuntimes"] = yield from self.trainjob_runtimes(namespace, deadline)
+        extra["kueueWithoutQueueName"] = yield from self.queueless(namespace, deadline, scan)
+        extra["trainJobRuntimes"] = yield from self.trainjob_runtimes(namespace, deadline, scan)
         settings, settings_error = yield from self.kueue_settings(deadline)
         extra["kueueForceDelete"] = yield from self.force_delete(
-            namespace, deadline, settings, settings_error
+            namespace, deadline, settings, settings_error, scan
         )
         trainer_managed_by: Capability | None = None
         if self.mode == "kueue":
@@ -263,10 +274,15 @@ class Preflight:
             return [], f"{resource.plural}: {api_message(exc)}"
         return items, None
 
-    def trainjob_runtimes(self, namespace: str, deadline: datetime | None) -> Operation[Capability]:
+    def trainjob_runtimes(
+        self, namespace: str, deadline: datetime | None, scan: bool
+    ) -> Operation[Capability]:
         """``trainJobRuntimes``: does every TrainJob of the namespace name a runtime that
         exists? Trainer v2.3 reads it on every update of the TrainJob and refuses the update
-        when it is gone (``traps.runtimes_capability``)."""
+        when it is gone (``traps.runtimes_capability``). Only a scanning (explicit)
+        preflight lists the TrainJobs, as ``queueless`` lists Workloads."""
+        if not scan:
+            return Capability(True, f"TrainJobs in {namespace} not scanned: {SCAN_HINT}")
         jobs, jobs_error = yield from self._list_or_error(TRAINJOB, namespace, deadline)
         if jobs_error is not None:
             return Capability(False, f"could not list TrainJobs in {namespace}: {jobs_error}")
@@ -324,9 +340,15 @@ class Preflight:
         deadline: datetime | None,
         settings: traps.KueueSettings | None,
         settings_error: str | None,
+        scan: bool,
     ) -> Operation[Capability]:
         """``kueueForceDelete``: the pods of the namespace's TrainJobs that opt in to Kueue's
-        FailureRecoveryPolicy, and whether Kueue's configuration turns it on."""
+        FailureRecoveryPolicy (only a scanning preflight lists them), and whether Kueue's
+        configuration turns it on."""
+        if not scan:
+            return traps.force_delete_capability(
+                namespace, [], f"pods not scanned: {SCAN_HINT}", settings, settings_error
+            )
         # Named, so the request log tells it from Release's and Observe's pod LISTs.
         req = Request("list", "pods", namespace, "preflight-force-delete-opt-ins")
         http = Http(
@@ -447,6 +469,35 @@ class Preflight:
                 )
             )
         return gate_probe(namespace, controller, found)
+
+    def queueless(
+        self, namespace: str, deadline: datetime | None, scan: bool
+    ) -> Operation[Capability]:
+        """Does holdwarden see Kueue's ``manageJobsWithoutQueueName`` as Kueue does here?
+
+        Reads the namespace's labels (when the setting is on) and, with ``scan``, up to 100
+        Workloads: one with an empty ``spec.queueName`` whose controller is a TrainJob shows
+        that Kueue manages TrainJobs without the queue-name label here (Kueue copies the
+        label into ``spec.queueName``); ``queueless_capability`` decides."""
+        config = self.config
+        labels: dict[str, str] | None = None
+        problem = ""
+        if config.kueue_manage_jobs_without_queue_name:
+            req = Request("get", "namespaces", "", namespace)
+            http = Http("GET", f"/api/v1/namespaces/{namespace}")
+            try:
+                found = yield from self._send(req, deadline, http)
+                raw = (found.get("metadata") or {}).get("labels") or {}
+                labels = {str(k): str(v) for k, v in raw.items()}
+            except ApiStatusError as exc:
+                problem = f"could not read Namespace {namespace}: {api_message(exc)}"
+        workloads: list[Obj] | None = None
+        if scan and not problem:
+            try:
+                workloads = yield from self._list(WORKLOAD, namespace, deadline, limit=100)
+            except ApiStatusError as exc:
+                problem = f"could not list Workloads: {api_message(exc)}"
+        return queueless_capability(self.mode, config, namespace, labels, workloads, problem)
 
     def access(
         self, namespace: str, verb: str, group: str, resource: str, deadline: datetime | None
@@ -618,6 +669,79 @@ def access_only_result(mode: Mode, namespace: str, held: Capability) -> Prefligh
         update_trainjobs=trainjobs,
         list_pods=Capability(False, NOT_PROBED),
         enforcer_installed=Capability(False, NOT_PROBED),
+    )
+
+
+def queueless_capability(
+    mode: Mode,
+    config: Config,
+    namespace: str,
+    namespace_labels: Mapping[str, str] | None,
+    workloads: Sequence[Obj] | None,
+    problem: str = "",
+) -> Capability:
+    """Whether holdwarden's ``kueue.manageJobsWithoutQueueName`` agrees with what Kueue
+    does in ``namespace``, as far as the objects show it.
+
+    Evidence that Kueue manages TrainJobs without the queue-name label here: a Workload
+    with an empty ``spec.queueName`` whose controller is a TrainJob (``workloads`` None:
+    not scanned). Unsupported, said with what to do, when that evidence meets the setting
+    off, or a namespace the selector does not select; or when plain mode meets a namespace
+    where Kueue manages every TrainJob. ``problem``: what could not be read."""
+    manage = config.kueue_manage_jobs_without_queue_name
+    selector = config.kueue_managed_jobs_namespace_selector
+    if problem:
+        return Capability(False, f"kueue.manageJobsWithoutQueueName: {problem}")
+    unlabelled = sorted(
+        {
+            owner.name
+            for w in workloads or ()
+            if (owner := objects.controller_trainjob(w)) is not None
+            and not objects.section(w, "spec").get("queueName")
+        }
+    )
+    shown = ", ".join(f"{namespace}/{n}" for n in unlabelled[:3])
+    unscanned = (
+        "" if workloads is not None else " (Workloads not scanned: run `holdwarden preflight`)"
+    )
+    if not manage:
+        if unlabelled:
+            return Capability(
+                False,
+                f"Kueue manages TrainJobs without the {QUEUE_NAME_LABEL} label here ({shown} "
+                "has a Workload with no queue name), but holdwarden's "
+                "kueue.manageJobsWithoutQueueName is false, so the enforcer lets anyone change "
+                "their spec.suspend. Set kueue.manageJobsWithoutQueueName and "
+                "kueue.managedJobsNamespaceSelector as Kueue's configuration has them, and "
+                "install the enforcer's second webhook entry (docs/configuration.md)",
+            )
+        return Capability(
+            True,
+            "kueue.manageJobsWithoutQueueName is false, and no TrainJob without the "
+            f"{QUEUE_NAME_LABEL} label has a Workload here{unscanned}",
+        )
+    assert namespace_labels is not None  # read whenever the setting is on
+    selected = selector.matches(namespace_labels)
+    where = (
+        f"namespace {namespace} is {'' if selected else 'not '}selected by "
+        f"kueue.managedJobsNamespaceSelector ({selector.describe()})"
+    )
+    if selected and mode == "plain":
+        return Capability(
+            False,
+            f"plain mode, but kueue.manageJobsWithoutQueueName is true and {where}: Kueue "
+            "manages every TrainJob here and owns spec.suspend; use mode: kueue here",
+        )
+    if not selected and unlabelled:
+        return Capability(
+            False,
+            f"{where}, yet a TrainJob without the {QUEUE_NAME_LABEL} label has a Workload "
+            f"({shown}): set kueue.managedJobsNamespaceSelector as Kueue's configuration has it",
+        )
+    return Capability(
+        True,
+        f"kueue.manageJobsWithoutQueueName is true and {where}: TrainJobs without the "
+        f"{QUEUE_NAME_LABEL} label here are {'' if selected else 'not '}Kueue's{unscanned}",
     )
 
 

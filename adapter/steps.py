@@ -20,6 +20,8 @@ and is resumed with their results:
 
 A driver (``adapter.kube.Adapter`` on the kubernetes client, ``adapter.aio.AsyncAdapter``
 on aiohttp) only runs steps: it decides nothing and maps no error. So the deadline checks,
+the retries, the error classes and the request log are the same in both, written once in
+the operations (``adapter.core``).
 
 This module is only the vocabulary both sides share: the operations import it to ask, the
 drivers (``adapter.kube``, ``adapter.aio``) to answer. It decides nothing and sends nothing.

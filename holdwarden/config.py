@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from holdwarden import labelselector
+from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import (
     DEFAULT_ANNOTATION_PREFIX,
     DEFAULT_KUEUE_IDENTITIES,
@@ -180,6 +182,13 @@ class Config:
     holder: str = "holdwarden"
     apiserver_request_timeout: timedelta = timedelta(seconds=60)
     kueue_identities: tuple[str, ...] = DEFAULT_KUEUE_IDENTITIES
+    # Kueue's manageJobsWithoutQueueName and managedJobsNamespaceSelector, as Kueue is
+    # configured: with it on, a TrainJob without the queue-name label in a namespace the
+    # selector selects is Kueue's too, in every part (docs/configuration.md).
+    kueue_manage_jobs_without_queue_name: bool = False
+    kueue_managed_jobs_namespace_selector: LabelSelector = field(
+        default_factory=labelselector.kueue_default
+    )
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     readmission: ReadmissionConfig = field(default_factory=ReadmissionConfig)
 
@@ -218,6 +227,19 @@ class Config:
         timeouts.finish()
         kueue = root.pop_section("kueue")
         identities = kueue.pop_str_list("identities", list(DEFAULT_KUEUE_IDENTITIES))
+        manage_all = kueue.pop_bool("manageJobsWithoutQueueName", False)
+        raw_selector = kueue._data.pop("managedJobsNamespaceSelector", None)
+        try:
+            namespace_selector = (
+                labelselector.kueue_default()
+                if raw_selector is None
+                else labelselector.parse(raw_selector, kueue._key("managedJobsNamespaceSelector"))
+            )
+        except labelselector.SelectorError as exc:
+            raise ConfigError(
+                exc.path,
+                f"{exc.problem}; write it as Kueue's managedJobsNamespaceSelector is written",
+            ) from None
         kueue.finish()
         hook = root.pop_section("webhook")
         defaults = WebhookConfig()
@@ -350,6 +372,8 @@ class Config:
             holder=holder,
             apiserver_request_timeout=request_timeout,
             kueue_identities=tuple(identities),
+            kueue_manage_jobs_without_queue_name=manage_all,
+            kueue_managed_jobs_namespace_selector=namespace_selector,
             webhook=webhook,
             readmission=readmission,
         )

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
+from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import (
     JOB_UID_LABEL,
     MULTIKUEUE_CONTROLLER,
@@ -268,8 +269,26 @@ def hold_field_set(obj: object, mode: Mode) -> bool:
 
 
 def is_kueue_managed(trainjob: object) -> bool:
-    """The TrainJob carries Kueue's queue-name label (Kueue then owns ``spec.suspend``)."""
+    """The TrainJob carries Kueue's queue-name label (Kueue then owns ``spec.suspend``).
+
+    Where Kueue manages jobs without a queue name, an unlabelled TrainJob can be Kueue's too:
+    ``kueue_manages`` decides that, given its namespace's labels."""
     return QUEUE_NAME_LABEL in labels(trainjob)
+
+
+def kueue_manages(
+    trainjob: object,
+    namespace_labels: Mapping[str, str],
+    *,
+    manage_jobs_without_queue_name: bool,
+    namespace_selector: LabelSelector,
+) -> bool:
+    """Kueue, configured with these two settings, manages this TrainJob: it carries the
+    queue-name label, or Kueue manages jobs without one and the TrainJob's namespace (with
+    ``namespace_labels``) is one its ``managedJobsNamespaceSelector`` selects."""
+    if is_kueue_managed(trainjob):
+        return True
+    return manage_jobs_without_queue_name and namespace_selector.matches(namespace_labels)
 
 
 def dispatched_by_multikueue(trainjob: object) -> bool:

@@ -22,6 +22,13 @@ QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
+# Where Kueue manages jobs without a queue name (its manageJobsWithoutQueueName), the
+# enforcer's second webhook entry: its namespaceSelector is Kueue's
+# managedJobsNamespaceSelector, so the apiserver itself decides which namespaces it covers,
+# and the enforcer judges what arrives on this path with every TrainJob counted as Kueue's.
+KUEUE_NAMESPACE_WEBHOOK = "kueue-managed-namespaces.holdwarden.io"
+KUEUE_NAMESPACE_PATH = "/validate/kueue-managed-namespace"
+
 DEFAULT_KUEUE_IDENTITIES: tuple[str, ...] = (
     "system:serviceaccount:kueue-system:kueue-controller-manager",
 )

@@ -312,15 +312,27 @@ Verdict = str  # "allowed", a rule id, or "error <code> <reason>"
 RULE_RE = re.compile(r"holdwarden \[([a-z-]+)\]")
 
 
-def verdict_of(exc: ApiException) -> Verdict:
+def _message(exc: ApiException) -> str:
     try:
-        message = str(json.loads(exc.body or "{}").get("message", ""))
+        return str(json.loads(exc.body or "{}").get("message", ""))
     except ValueError:
-        message = exc.body or ""
+        return exc.body or ""
+
+
+def verdict_of(exc: ApiException) -> Verdict:
+    message = _message(exc)
     found = RULE_RE.search(message)
     if found and exc.status == 403:
         return found.group(1)
     return f"error {exc.status} {message[:120]}"
+
+
+def words_of(exc: ApiException) -> str:
+    """holdwarden's sentence in a refusal: from ``holdwarden [rule]`` on (the apiserver's
+    prefix, which names the webhook or the policy, left out); "" if there is none."""
+    message = _message(exc)
+    found = RULE_RE.search(message)
+    return message[found.start() :] if found else ""
 
 
 def send(
@@ -331,6 +343,17 @@ def send(
     old: dict[str, Any] | None,
 ) -> Verdict:
     """Make ``write`` (on object ``name``, whose current state is ``old``); its verdict."""
+    return send_words(write, clients, namespace, name, old)[0]
+
+
+def send_words(
+    write: Write,
+    clients: dict[str, k8s.ApiClient],
+    namespace: str,
+    name: str,
+    old: dict[str, Any] | None,
+) -> tuple[Verdict, str]:
+    """``send``, and holdwarden's sentence when it is refused (``words_of``)."""
     api = k8s.CustomObjectsApi(clients[write.writer])
     group, version, plural = _coords(write.kind)
     extra: dict[str, Any] = {"dry_run": "All"} if write.dry_run else {}
@@ -385,5 +408,5 @@ def send(
     try:
         call()
     except ApiException as exc:
-        return verdict_of(exc)
-    return "allowed"
+        return verdict_of(exc), words_of(exc)
+    return "allowed", ""

@@ -19,6 +19,7 @@ from adapter.decisions import (
     decide_release,
     kueue_cause,
     leftover_pods,
+    needs_namespace_for_start,
     pod_check_carries_over,
     release_would_unsuspend,
     validate_start_body,
@@ -1290,3 +1291,46 @@ def test_property_a_pod_check_carries_over_only_across_a_suspended_unchanged_spe
     assert carries is proven
     # Neither read is modified by asking.
     assert a == suspended_at(gen_a, uid=uid_a, suspend=suspend_a)
+
+
+# ---- Start where Kueue manages jobs without a queue name -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("manage", "body", "namespace"),
+    [
+        (False, start_body(), ""),  # the setting off: no namespace to read
+        (True, start_body(), "ns"),  # on, no label: the namespace's labels decide
+        (True, start_body(labels={QUEUE_NAME_LABEL: "q"}), ""),  # labelled: Kueue's anyway
+        (True, {"metadata": {"name": "job", "namespace": "NS!"}}, ""),  # malformed: validation
+        (True, [], ""),
+    ],
+)
+def test_start_reads_the_namespace_only_when_it_decides(
+    manage: bool, body: Any, namespace: str
+) -> None:
+    assert needs_namespace_for_start(body, manage_jobs_without_queue_name=manage) == namespace
+
+
+def test_start_in_kueue_mode_takes_a_queueless_trainjob_where_kueue_manages_it() -> None:
+    body = validate_start_body(
+        start_body(), mode="kueue", annotations=A, kueue_manages_unlabelled=True
+    )
+    assert "suspend" not in body["spec"]  # Kueue owns it
+    with pytest.raises(
+        ValueError, match=r"queue-name\]: required in Kueue mode .*manageJobsWithoutQueueName"
+    ):
+        validate_start_body(start_body(), mode="kueue", annotations=A)
+
+
+def test_start_in_plain_mode_refuses_a_namespace_kueue_manages() -> None:
+    with pytest.raises(
+        ValueError, match=r"metadata.namespace: Kueue manages every TrainJob in namespace ns"
+    ):
+        validate_start_body(
+            start_body(), mode="plain", annotations=A, kueue_manages_unlabelled=True
+        )
+    body = validate_start_body(
+        start_body(), mode="plain", annotations=A, kueue_manages_unlabelled=False
+    )
+    assert body["spec"]["suspend"] is True

@@ -23,7 +23,13 @@ from adapter.preflight import (
 from adapter.steps import ApiStatusError, Http, Operation, Request, no_request
 from adapter.types import Capability
 from holdwarden.config import Config
-from holdwarden.vocabulary import BREAK_GLASS_GROUP, TRAINJOB, WORKLOAD, Annotations, RuleId
+from holdwarden.vocabulary import (
+    BREAK_GLASS_GROUP,
+    TRAINJOB,
+    WORKLOAD,
+    Annotations,
+    RuleId,
+)
 
 A = Annotations("holdwarden.io")
 GATE = "holdwarden.io/readmission"
@@ -256,3 +262,64 @@ def test_the_held_probe_body_is_correctly_held(mode: Any) -> None:
     }
     assert body["metadata"]["name"].startswith("holdwarden-preflight-")
     assert preflight.round_trip_capability(mode, resource, body, body).supported
+
+
+# ---- kueueWithoutQueueName ---------------------------------------------------------------
+
+
+def _wl(owner: str, queue: str = "") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"wl-{owner}",
+            "ownerReferences": [
+                {"kind": "TrainJob", "name": owner, "uid": "u", "controller": True}
+            ],
+        },
+        "spec": {"queueName": queue} if queue else {},
+    }
+
+
+OFF = Config()
+ON = Config.from_dict(
+    {
+        "kueue": {
+            "manageJobsWithoutQueueName": True,
+            "managedJobsNamespaceSelector": {"matchLabels": {"team": "ml"}},
+        }
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "config", "ns_labels", "workloads", "supported", "says"),
+    [
+        ("kueue", OFF, None, [_wl("a", "lq")], True, "is false, and no"),
+        ("kueue", OFF, None, None, True, "not scanned"),
+        # Kueue made a Workload with no queue name: it manages unlabelled TrainJobs here.
+        ("kueue", OFF, None, [_wl("b")], False, "ns/b has a Workload with no queue name"),
+        ("plain", OFF, None, [_wl("b")], False, "is false"),
+        ("kueue", ON, {"team": "ml"}, [], True, "here are Kueue's"),
+        ("kueue", ON, {"team": "web"}, [], True, "here are not Kueue's"),
+        ("plain", ON, {"team": "ml"}, [], False, "use mode: kueue here"),
+        ("plain", ON, {"team": "web"}, None, True, "not selected"),
+        # On, the namespace not selected, yet Kueue made a Workload for an unlabelled one.
+        ("kueue", ON, {}, [_wl("c")], False, "set kueue.managedJobs"),
+    ],
+)
+def test_queueless_capability(
+    mode: Any,
+    config: Config,
+    ns_labels: dict[str, str] | None,
+    workloads: list[dict[str, Any]] | None,
+    supported: bool,
+    says: str,
+) -> None:
+    got = preflight.queueless_capability(mode, config, "ns", ns_labels, workloads)
+    assert got.supported is supported, got.reason
+    assert says in got.reason
+
+
+def test_queueless_capability_says_what_it_could_not_read() -> None:
+    got = preflight.queueless_capability("kueue", ON, "ns", None, [], "could not read X")
+    assert not got.supported
+    assert "could not read X" in got.reason

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+import msgspec
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from holdwarden.config import Config
@@ -28,10 +29,12 @@ from webhook.audit import (
     bounded_line,
     cap_text,
     encode_line,
+    object_digests,
+    raw_objects,
     read_audit,
 )
 from webhook.metrics import Metrics
-from webhook.review import Review
+from webhook.review import APISERVER_MAX_JSON_DEPTH, Review, parse_review
 from webhook.rules import Change, Violation
 from webhook.server import build_app
 
@@ -224,3 +227,75 @@ async def test_audit_reads_bounded_and_old_lines_together(tmp_path: Path) -> Non
         await writer.aclose()
         assert [r["uid"] for r in read_audit(path, namespace="ns").records] == ["old", "new"]
         assert [r["uid"] for r in read_audit(path, user="bob").records] == ["old"]
+
+
+def _digest(data: bytes) -> str | None:
+    return None if data in (b"", b"null") else sha256(data)
+
+
+def test_a_refusal_as_deep_as_the_apiserver_stores_digests_the_objects_as_carried() -> None:
+    # msgspec cannot skip into msgspec.Raw this deep on 3.12 (nor on 3.11 with its default
+    # recursion limit): the digests come from raw_objects, and are the objects' own bytes.
+    old = trainjob(suspend=True, instance="3")
+    new = trainjob(instance="3")
+    new["spec"]["extra"] = "__deep__"
+    levels = APISERVER_MAX_JSON_DEPTH - 2  # the object, its spec, then the lists
+    new_text = json.dumps(new).replace('"__deep__"', "[" * levels + "]" * levels)
+    req = review(old=old, new=None)
+    req["request"]["object"] = "__new__"
+    body = json.dumps(req).replace('"__new__"', new_text).encode()
+    parsed = parse_review(body)
+    assert parsed.change.new is not None and parsed.change.new["spec"] == {}  # not suspended
+    line = audit_record(parsed, _violation(), NOW, body)
+    assert line["objectSha256"] == sha256(new_text.encode())
+    assert line["oldObjectSha256"] == sha256(json.dumps(old).encode())
+    assert raw_objects(body) == (json.dumps(old).encode(), new_text.encode())
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='{}[]":,\\ xé', max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["object", "oldObject", "request", "a"]), inner, max_size=3
+        )
+    ),
+    max_leaves=10,
+)
+# Spellings of the keys msgspec matches, escaped ones included.
+_KEYS = ["object", "oldObject", "obj\\u0065ct", "request", "requ\\u0065st", "uid", "other"]
+
+
+@st.composite
+def _json_text(draw: st.DrawFn, depth: int = 0) -> str:
+    """JSON text whose objects may repeat keys and spell them escaped, spaced at random."""
+    space = draw(st.sampled_from(["", " ", "\n  ", "\t"]))
+    if depth < 3 and draw(st.booleans()):
+        pairs = draw(st.lists(st.sampled_from(_KEYS), max_size=4))
+        items = [f'"{key}"{space}:{space}{draw(_json_text(depth + 1))}' for key in pairs]
+        return "{" + space + f",{space}".join(items) + space + "}"
+    return json.dumps(draw(_values), indent=draw(st.sampled_from([None, 1])))
+
+
+class _RawRequest(msgspec.Struct):
+    object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    oldObject: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+class _RawReview(msgspec.Struct):
+    request: _RawRequest | None = None
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_json_text())
+def test_raw_objects_finds_what_msgspec_finds(text: str) -> None:
+    body = text.encode()
+    try:
+        request = msgspec.json.decode(body, type=_RawReview).request
+    except msgspec.ValidationError:
+        # raw_objects reads bodies parse_review accepted: a request that is an object.
+        assume(False)
+        raise
+    expected = (b"", b"") if request is None else (bytes(request.oldObject), bytes(request.object))
+    assert raw_objects(body) == expected
+    assert object_digests(body) == tuple(_digest(raw) for raw in expected)

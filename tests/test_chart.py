@@ -74,6 +74,10 @@ VARIANTS: dict[str, tuple[list[str], list[Path]]] = {
         ["policy.enabled=true", "failurePolicy=Ignore", CERT_MANAGER],
         [MANIFESTS / "defence-in-depth", MANIFESTS / "cert-manager"],
     ),
+    "kueue-manage-all": (
+        ["config.kueue.manageJobsWithoutQueueName=true"],
+        [MANIFESTS / "kueue-manage-all"],
+    ),
     "both": (
         ["monitoring.enabled=true", "readmission.enabled=true"],
         [MANIFESTS / "monitoring", MANIFESTS / "readmission"],

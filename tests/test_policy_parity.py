@@ -275,9 +275,18 @@ class Prepared:
     def run(
         self, clients: dict[str, k8s.ApiClient], run: str, limit: int | None = None
     ) -> list[corpus.Verdict]:
-        def one(write: corpus.Write) -> corpus.Verdict:
+        return [verdict for verdict, _ in self.run_words(clients, run, limit)]
+
+    def run_words(
+        self, clients: dict[str, k8s.ApiClient], run: str, limit: int | None = None
+    ) -> list[tuple[corpus.Verdict, str]]:
+        """Each write's verdict and holdwarden's sentence, with this run's own object name
+        spelled ``<name>`` (real writes go to an object of their own per run)."""
+
+        def one(write: corpus.Write) -> tuple[corpus.Verdict, str]:
             name, old = self.target(write, run)
-            return corpus.send(write, clients, self.namespace, name, old)
+            verdict, words = corpus.send_words(write, clients, self.namespace, name, old)
+            return verdict, words.replace(f"/{name}", "/<name>")
 
         with ThreadPoolExecutor(4) as pool:
             return list(pool.map(one, self.writes[:limit]))
@@ -446,12 +455,17 @@ def test_the_policy_gives_the_webhooks_verdicts(
             timings["prepare"] = time.monotonic() - began
             verdicts: dict[str, list[str]] = {}
             began = time.monotonic()
+            words: dict[str, list[str]] = {}
             with webhook_only(admin, namespace, token, tmp_path):
-                verdicts["webhook"] = prepared.run(clients, "webhook")
+                answers = prepared.run_words(clients, "webhook")
+                verdicts["webhook"] = [verdict for verdict, _ in answers]
+                words["webhook"] = [sentence for _, sentence in answers]
                 timings["webhook"] = time.monotonic() - began
             began = time.monotonic()
             with policy_only(admin, namespace, token):
-                verdicts["policy"] = prepared.run(clients, "policy")
+                answers = prepared.run_words(clients, "policy")
+                verdicts["policy"] = [verdict for verdict, _ in answers]
+                words["policy"] = [sentence for _, sentence in answers]
                 timings["policy"] = time.monotonic() - began
             began = time.monotonic()
             owner = Config(webhook=WebhookConfig(holder_identities=HOLDERS))
@@ -486,6 +500,15 @@ def test_the_policy_gives_the_webhooks_verdicts(
         if a != b
     ]
     assert not mismatches, f"{len(mismatches)} verdicts differ:\n" + "\n".join(mismatches[:25])
+    # And in the same words: holdwarden's sentence of every refusal is the same in both
+    # twins (docs/policy.md, "Where the two must differ", says what may still differ).
+    worded = [
+        f"{w.describe()}:\n  webhook {a!r}\n  policy  {b!r}"
+        for w, a, b in zip(writes, words["webhook"], words["policy"], strict=True)
+        if a != b
+    ]
+    assert not worded, f"{len(worded)} refusals worded differently:\n" + "\n".join(worded[:10])
+    assert sum(1 for sentence in words["webhook"] if sentence) >= 500
     owned = zip(
         writes[:OWNER_WRITES],
         *(verdicts[run] for run in OWNER_RUNS),

@@ -34,7 +34,7 @@ from tests.enforcer_tls import (
     serving,
 )
 from webhook.connections import READ_BUFFER, WIDE_READ_BUFFER
-from webhook.server import APISERVER_MAX_JSON_DEPTH
+from webhook.review import APISERVER_MAX_JSON_DEPTH
 
 FAST = {
     "idle_timeout": timedelta(milliseconds=600),
@@ -603,8 +603,8 @@ def _nested_review(depth: int) -> bytes:
     doc = json.loads(review_body(refuse=True))
     text = json.dumps(doc)
     marker = '"spec": {'
-    # object (1) -> spec (2) -> extra (3) -> depth-3 more levels of lists.
-    inner = "[" * (depth - 3) + "]" * (depth - 3)
+    # object (1) -> spec (2) -> depth-2 levels of lists under the key extra.
+    inner = "[" * (depth - 2) + "]" * (depth - 2)
     head, _, tail = text.rpartition(marker)  # the new object's spec comes last
     return (head + marker + f'"extra": {inner}, ' + tail).encode()
 

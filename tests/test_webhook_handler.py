@@ -224,7 +224,7 @@ def mutate(path: list[str], value: Any) -> dict[str, Any]:
         (mutate(["request", "userInfo", "groups"], "admins"), "groups"),
         (mutate(["request", "object"], "x"), "request.object"),
         (mutate(["request", "dryRun"], "yes"), "dryRun"),
-        (b'{"x":' + b"[" * 30_000 + b"]" * 30_000 + b"}", "recursion depth"),
+        (b'{"x":' + b"[" * 30_000 + b"]" * 30_000 + b"}", "nested deeper than 10,002 levels"),
     ],
 )
 async def test_bad_reviews_get_a_clear_400(hook: Harness, body: Any, needle: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -22,6 +23,7 @@ from webhook.rules import (
     hold_instance_monotonic,
     hold_owner_only,
     kueue_owns_suspend,
+    shown,
     skip_reason,
     violations,
 )
@@ -287,7 +289,21 @@ def test_malformed_exhaustive(old_instance: Any, new_instance: Any) -> None:
     assert (got is not None) == expected
     if got is not None:
         assert got.rule is RuleId.HOLD_INSTANCE_MALFORMED
-        assert repr(new_instance) in got.message
+        assert f'{A.hold_instance}="{new_instance}" is not a hold instance' in got.message
+
+
+@pytest.mark.parametrize(
+    ("value", "seen"),
+    [
+        ("x", "x"),
+        ("a\nb\tc\rd", "a\\nb\\tc\\rd"),  # one refusal, one line
+        ("back\\slash", "back\\\\slash"),
+        ("9" * 64, "9" * 64),
+        ("9" * 65, "9" * 64 + "..."),
+    ],
+)
+def test_a_value_is_shown_cut_and_escaped_as_the_policy_shows_it(value: str, seen: str) -> None:
+    assert shown(value) == seen
 
 
 MALFORMED = ["0", "01", "-1", "+1", "1.0", "1e3", " 1", "1 ", "", "x", "\u0661"]
@@ -594,3 +610,79 @@ def test_workload_deleters_are_configurable() -> None:
     change = workload(obj(instance="3"), None, user=NS_CONTROLLER, operation="DELETE")
     assert evaluate(change, only_gc) is not None
     assert evaluate(change, CONFIG) is None
+
+
+# --- Kueue's manageJobsWithoutQueueName: the second webhook entry's requests ---------------
+
+QUEUELESS = dataclasses.replace(CONFIG, kueue_managed_namespace=True)
+
+
+@pytest.mark.parametrize(
+    ("old_suspend", "new_suspend", "queue", "user", "refused"),
+    [
+        (True, False, False, "alice", True),  # a person unsuspends a queueless TrainJob
+        (ABSENT, True, False, "alice", True),  # or suspends it
+        (True, False, True, "alice", True),  # labelled: Kueue's anyway
+        (True, False, False, KUEUE, False),  # Kueue itself
+        (True, True, False, "alice", False),  # no change of spec.suspend
+        (ABSENT, False, False, "alice", False),  # absent counts as false: no change
+    ],
+)
+def test_kueue_owns_suspend_of_a_queueless_trainjob_on_the_second_entry(
+    old_suspend: Any, new_suspend: Any, queue: bool, user: str, refused: bool
+) -> None:
+    change = trainjob(
+        obj(suspend=old_suspend, queue=queue), obj(suspend=new_suspend, queue=queue), user=user
+    )
+    violation = evaluate(change, QUEUELESS)
+    assert (violation is not None) is refused
+    if violation is not None:
+        assert violation.rule is RuleId.KUEUE_OWNS_SUSPEND
+        why = f"label {QUEUE_NAME_LABEL}" if queue else "namespace 'ns' is one Kueue's"
+        assert why in violation.message
+
+
+def test_a_queueless_trainjob_is_not_kueues_on_the_first_entry() -> None:
+    change = trainjob(obj(suspend=True), obj(suspend=False))
+    assert kueue_owns_suspend(change, CONFIG) is None
+    assert kueue_owns_suspend(change, QUEUELESS) is not None
+
+
+def test_the_second_entry_judges_only_kueue_owns_suspend() -> None:
+    # A held queueless TrainJob unsuspended: the first entry refuses it as
+    # held-trainjob-suspended; the second must not refuse (and audit) it a second time
+    # by that rule, only by kueue-owns-suspend.
+    change = trainjob(obj(suspend=True, instance="3"), obj(suspend=False, instance="3"))
+    assert evaluate(change, CONFIG) is not None
+    assert evaluate(change, CONFIG).rule is RuleId.HELD_TRAINJOB_SUSPENDED  # type: ignore[union-attr]
+    assert [v.rule for v in violations(change, QUEUELESS)] == [RuleId.KUEUE_OWNS_SUSPEND]
+    # Workloads and DELETEs are never the second entry's.
+    assert (
+        evaluate(
+            workload(obj(active=False, instance="3"), obj(active=True, instance="3")), QUEUELESS
+        )
+        is None
+    )
+    held = obj(active=False, instance="3")
+    assert evaluate(workload(held, None, operation="DELETE"), QUEUELESS) is None
+
+
+@given(old=st.one_of(st.none(), objects()), new=objects(), user=users, kind=st.booleans())
+def test_the_second_entry_refuses_only_what_kueue_owns_suspend_refuses_with_the_label(
+    old: dict[str, Any] | None, new: dict[str, Any], user: str, kind: bool
+) -> None:
+    # On the second entry an unlabelled TrainJob is judged exactly as the same TrainJob
+    # carrying the label is judged by kueue-owns-suspend on the first.
+    def labelled(o: dict[str, Any] | None) -> dict[str, Any] | None:
+        if o is None:
+            return None
+        meta = {**o["metadata"], "labels": {QUEUE_NAME_LABEL: "lq"}}
+        return {**o, "metadata": meta}
+
+    make = trainjob if kind else workload
+    found = evaluate(make(old, new, user=user), QUEUELESS)
+    expected = kueue_owns_suspend(make(labelled(old), labelled(new), user=user), CONFIG)
+    if not kind:
+        expected = None
+    assert (found is None) is (expected is None)
+    assert found is None or found.rule is RuleId.KUEUE_OWNS_SUSPEND

@@ -166,21 +166,85 @@ class _RawReview(msgspec.Struct):
 _RAW_DECODER = msgspec.json.Decoder(_RawReview)
 
 
+# A JSON string (escapes included), or a bracket: the tokens raw_objects steps through.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_COLON = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*")
+_BARE = re.compile(rb"[^,\]}\s]+")  # a number, true, false or null
+_RAW_FIELDS = ("oldObject", "object")
+
+
+def raw_objects(body: bytes) -> tuple[bytes, bytes]:
+    """The raw ``request.oldObject`` and ``request.object`` (b"" when absent), as
+    ``_RAW_DECODER`` gives them, for a body nested too deep for msgspec.
+
+    Invariant: for valid JSON (``parse_review`` has read the body) the same bytes as
+    ``_RAW_DECODER`` (the last of duplicate keys wins, escaped keys count as their text).
+    Iterative: one pass over strings and brackets, so no depth recurses.
+    """
+    raws = dict.fromkeys(_RAW_FIELDS, b"")
+    depth = 0
+    opens_request = False  # the next bracket opens the top-level "request" object
+    in_request = False  # depth 2 is inside that object
+    capture = ""  # the field whose container is open, or ""
+    capture_at = 0
+    for token in _TOKEN.finditer(body):
+        at = token.start()
+        first = body[at]
+        if first == 0x22:  # a string: a key only if a colon follows
+            if depth != 1 and not (depth == 2 and in_request):
+                continue
+            colon = _COLON.match(body, token.end())
+            if colon is None:
+                continue
+            key = json.loads(token.group())
+            value_at = colon.end()
+            opening = body[value_at : value_at + 1]
+            if depth == 1:
+                if key == "request":
+                    raws = dict.fromkeys(_RAW_FIELDS, b"")
+                    opens_request = opening == b"{"
+            elif key in raws:
+                if opening in (b"{", b"["):
+                    capture, capture_at = key, value_at
+                else:
+                    value = (_STRING if opening == b'"' else _BARE).match(body, value_at)
+                    raws[key] = value.group() if value else b""
+        elif first in (0x7B, 0x5B):  # { [
+            depth += 1
+            if depth == 2 and opens_request:
+                in_request, opens_request = True, False
+        else:
+            depth -= 1
+            if depth == 2 and capture:
+                raws[capture] = body[capture_at : token.end()]
+                capture = ""
+            elif depth == 1:
+                in_request = False
+    return raws["oldObject"], raws["object"]
+
+
 def object_digests(body: bytes) -> tuple[str | None, str | None]:
     """SHA-256 of the old and the new object exactly as the review body carries them
     (None when absent or null, or when the body cannot be re-read)."""
+
+    def digest(data: bytes) -> str | None:
+        return None if data in (b"", b"null") else _sha256(data)
+
     try:
         request = _RAW_DECODER.decode(body).request
-    except (msgspec.DecodeError, RecursionError):
+    except RecursionError:
+        # Skipping into msgspec.Raw recurses as deep as the body (webhook/review.py).
+        try:
+            old, new = raw_objects(body)
+        except ValueError:  # a key that is not a JSON string: the body is not JSON
+            return None, None
+        return digest(old), digest(new)
+    except msgspec.DecodeError:
         return None, None
     if request is None:
         return None, None
-
-    def digest(raw: msgspec.Raw) -> str | None:
-        data = bytes(raw)
-        return None if data in (b"", b"null") else _sha256(data)
-
-    return digest(request.oldObject), digest(request.object)
+    return digest(bytes(request.oldObject)), digest(bytes(request.object))
 
 
 def audit_record(

@@ -39,17 +39,25 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
+from holdwarden import labelselector
+from holdwarden.labelselector import NAMESPACE_NAME_LABEL, LabelSelector
 from holdwarden.vocabulary import (
     DEFAULT_ANNOTATION_PREFIX,
     DEFAULT_KUEUE_IDENTITIES,
+    KUEUE_NAMESPACE_PATH,
+    KUEUE_NAMESPACE_WEBHOOK,
     QUEUE_NAME_LABEL,
     TRAINJOB,
 )
 
 CONDITION_NAME = "could-break-a-hold"
+KUEUE_NAMESPACE_CONDITION_NAME = "kueue-owns-suspend-without-queue-name"
+# kube-system and holdwarden's own namespace are never judged (manifests/webhook.yaml).
+SKIPPED_NAMESPACES = ("kube-system", "holdwarden-system")
 
 # The hold keys without their prefix (vocabulary.Annotations.hold_keys, the same four).
 HOLD_KEY_SUFFIXES = ("hold-instance", "hold-reason", "held-at", "held-by")
@@ -85,6 +93,87 @@ def render(
             f"         || request.userInfo.?groups.orValue([]).exists(g, g in {ids})))",
         ]
     )
+
+
+def render_kueue_namespace(kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES) -> str:
+    """The second entry's CEL expression (Kueue manages jobs without a queue name): an
+    UPDATE of a TrainJob whose effective ``spec.suspend`` changes, that carries the queue
+    label on neither the old nor the new object (those are the first entry's, (K)), by a
+    writer that is not one of ``kueue.identities``."""
+    ids = _list(kueue_identities)
+    return "\n".join(
+        [
+            f"request.resource.resource == {_literal(TRAINJOB.plural)}",
+            "&& object != null && oldObject != null",
+            "&& (object.?spec.?suspend.orValue(false) == true)",
+            "   != (oldObject.?spec.?suspend.orValue(false) == true)",
+            "&& ![object, oldObject].exists(o,",
+            f"     {_literal(QUEUE_NAME_LABEL)} in o.?metadata.?labels.orValue({{}}))",
+            f"&& !(request.userInfo.username in {ids}",
+            f"     || request.userInfo.?groups.orValue([]).exists(g, g in {ids}))",
+        ]
+    )
+
+
+def kueue_namespace_selector(
+    selector: LabelSelector, skipped_namespaces: Sequence[str] = SKIPPED_NAMESPACES
+) -> dict[str, Any]:
+    """The second entry's ``namespaceSelector``: Kueue's ``managedJobsNamespaceSelector``
+    and, as the first entry has, none of ``skipped_namespaces`` (requirements are ANDed)."""
+    out = selector.to_dict()
+    out["matchExpressions"] = [
+        *out.get("matchExpressions", []),
+        {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(skipped_namespaces)},
+    ]
+    return out
+
+
+def kueue_namespace_webhook(
+    client_config: dict[str, Any],
+    selector: LabelSelector,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+    *,
+    failure_policy: str = "Ignore",
+    skipped_namespaces: Sequence[str] = SKIPPED_NAMESPACES,
+) -> dict[str, Any]:
+    """The second webhook entry, for ``kueue.manageJobsWithoutQueueName: true``.
+
+    ``client_config`` is the first entry's with ``path`` replaced by
+    ``KUEUE_NAMESPACE_PATH`` (pass the first entry's; this sets the path). Only TrainJob
+    UPDATEs: kueue-owns-suspend judges nothing else. ``failure_policy`` starts as the first
+    entry's does (Ignore until verified; certs/enforcing.py then sets every entry's).
+    """
+    config = dict(client_config)
+    if "service" in config:
+        config["service"] = dict(config["service"], path=KUEUE_NAMESPACE_PATH)
+    elif "url" in config:
+        base = str(config["url"]).split("/validate", 1)[0]
+        config["url"] = base + KUEUE_NAMESPACE_PATH
+    return {
+        "name": KUEUE_NAMESPACE_WEBHOOK,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": failure_policy,
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": 5,
+        "namespaceSelector": kueue_namespace_selector(selector, skipped_namespaces),
+        "matchConditions": [
+            {
+                "name": KUEUE_NAMESPACE_CONDITION_NAME,
+                "expression": render_kueue_namespace(kueue_identities),
+            }
+        ],
+        "clientConfig": config,
+        "rules": [
+            {
+                "apiGroups": [TRAINJOB.group],
+                "apiVersions": [TRAINJOB.version],
+                "operations": ["UPDATE"],
+                "resources": [TRAINJOB.plural],
+                "scope": "Namespaced",
+            }
+        ],
+    }
 
 
 def match_conditions(
@@ -136,6 +225,44 @@ def overlay_patch(prefix: str, kueue_identities: Sequence[str]) -> str:
     return header + yaml.dump(ops, Dumper=_Dumper, sort_keys=False)
 
 
+SHIPPED_CLIENT_CONFIG: dict[str, Any] = {
+    "service": {
+        "name": "holdwarden",
+        "namespace": "holdwarden-system",
+        "path": "/validate",
+        "port": 443,
+    }
+}
+
+
+def kueue_namespace_patch(
+    selector: LabelSelector,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+) -> str:
+    """A kustomize JSON 6902 patch that adds the second webhook entry (for
+    ``kueue.manageJobsWithoutQueueName: true``) to the shipped configuration, for Kueue's
+    ``managedJobsNamespaceSelector`` ``selector``; manifests/kueue-manage-all ships it for
+    Kueue's default selector."""
+    entry = kueue_namespace_webhook(SHIPPED_CLIENT_CONFIG, selector, kueue_identities)
+    ops = [{"op": "add", "path": "/webhooks/-", "value": entry}]
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, _str)
+    header = (
+        "# Generated by `python -m webhook.match_conditions --kueue-namespace-entry`; do not\n"
+        "# edit by hand (a test checks it). The enforcer's second webhook entry, for\n"
+        f"# kueue.managedJobsNamespaceSelector {json.dumps(selector.to_dict())}\n"
+        f"# and kueue.identities {json.dumps(list(kueue_identities))} (docs/configuration.md).\n"
+    )
+    return header + yaml.dump(ops, Dumper=_Dumper, sort_keys=False, width=100)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print an overlay patch for a configuration other than the shipped default."""
     parser = argparse.ArgumentParser(
@@ -151,8 +278,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="ID",
         help="a user or group in kueue.identities (repeat; default: Kueue's service account)",
     )
+    parser.add_argument(
+        "--kueue-namespace-entry",
+        action="store_true",
+        help="print instead the patch that adds the second webhook entry, for Kueue's "
+        "manageJobsWithoutQueueName (docs/configuration.md)",
+    )
+    parser.add_argument(
+        "--managed-jobs-namespace-selector",
+        metavar="JSON",
+        help="with --kueue-namespace-entry: Kueue's managedJobsNamespaceSelector as JSON "
+        "(default: Kueue's own, every namespace but kube-system and kueue-system)",
+    )
     args = parser.parse_args(argv)
     identities = tuple(args.identities) if args.identities else DEFAULT_KUEUE_IDENTITIES
+    if args.kueue_namespace_entry:
+        selector = labelselector.kueue_default()
+        if args.managed_jobs_namespace_selector:
+            try:
+                selector = labelselector.parse(
+                    json.loads(args.managed_jobs_namespace_selector),
+                    "--managed-jobs-namespace-selector",
+                )
+            except (ValueError, labelselector.SelectorError) as exc:
+                parser.error(f"--managed-jobs-namespace-selector: {exc}")
+        sys.stdout.write(kueue_namespace_patch(selector, identities))
+        return 0
     sys.stdout.write(overlay_patch(args.prefix, identities))
     return 0
 

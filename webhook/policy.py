@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from holdwarden import labelselector
+from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import (
     BREAK_GLASS_GROUP,
     DEFAULT_ANNOTATION_PREFIX,
@@ -45,14 +47,17 @@ from holdwarden.vocabulary import (
     RuleId,
 )
 
+# SKIPPED_NAMESPACES: the webhook's own namespaceSelector (manifests/webhook.yaml), so the
+# same writes are judged.
+from webhook.match_conditions import SKIPPED_NAMESPACES, kueue_namespace_selector
+
 RULES_POLICY = "holdwarden-hold-rules"
 OWNER_ONLY_POLICY = "holdwarden-hold-owner-only"
+KUEUE_NAMESPACE_POLICY = "holdwarden-kueue-managed-namespaces"
 # The supervisor's service account in the shipped examples (docs/install.md).
 DEFAULT_HOLDER_IDENTITIES = ("system:serviceaccount:holdwarden-system:dispatch",)
 MAX_INSTANCE = str(2**63 - 1)
 HOLD_KEY_SUFFIXES = ("hold-instance", "hold-reason", "held-at", "held-by")
-# The webhook's own namespaceSelector (manifests/webhook.yaml): the same writes are judged.
-SKIPPED_NAMESPACES = ("kube-system", "holdwarden-system")
 
 
 def _lit(text: str) -> str:
@@ -212,8 +217,8 @@ def _rules_validations(
             "|| variables.newValid",
             "messageExpression": f"{_head(RuleId.HOLD_INSTANCE_MALFORMED)} + ': {key}=\"' + "
             "variables.newShown + '\" is not a hold instance; write it as a decimal integer "
-            '>= 1 with no sign, spaces or leading zeros (e.g. "3"), at most '
-            f"{MAX_INSTANCE}, or remove the {prefix}/hold-* annotations.'",
+            f'from 1 to {MAX_INSTANCE} with no sign, spaces or leading zeros (e.g. "3"), or '
+            f"remove the {prefix}/hold-* annotations.'",
         },
         {
             "expression": "!(variables.oldValid && variables.newValid && "
@@ -249,12 +254,7 @@ def _rules_validations(
             f"{_lit(QUEUE_NAME_LABEL)} in o.?metadata.?labels.orValue({{}})) "
             f"|| request.userInfo.username in {ids} "
             f"|| request.userInfo.?groups.orValue([]).exists(g, g in {ids})",
-            "messageExpression": f"{_head(RuleId.KUEUE_OWNS_SUSPEND)} + ' is managed by Kueue "
-            f"(label {QUEUE_NAME_LABEL}) and ' + request.userInfo.username + ' may not change "
-            f"spec.suspend (' + string({suspend_old}) + ' -> ' + string(variables.tjSuspend) + "
-            "'); Kueue owns that field. To stop the job, deactivate its Workload (set "
-            "spec.active: false, or `holdwarden hold ' + variables.ref + ' --instance N`); to "
-            "let it run, activate the Workload and let Kueue admit it.'",
+            "messageExpression": _kueue_owns_suspend_message(f"label {QUEUE_NAME_LABEL}"),
         },
         {
             # Only a DELETE reaches this with hasOld (the others need no such guard: on
@@ -270,6 +270,66 @@ def _rules_validations(
             "Workload goes with it).'",
         },
     ]
+
+
+def _kueue_owns_suspend_message(why: str) -> str:
+    """kueue-owns-suspend's messageExpression; ``why`` is the text inside a single-quoted
+    CEL string saying why the TrainJob is Kueue's (it may close the string to splice in a
+    value): the webhook's words, webhook.rules.kueue_owns_suspend."""
+    suspend_old = "oldObject.?spec.?suspend.orValue(false) == true"
+    return (
+        f"{_head(RuleId.KUEUE_OWNS_SUSPEND)} + ' is managed by Kueue "
+        f"({why}) and ' + request.userInfo.username + ' may not change "
+        f"spec.suspend (' + string({suspend_old}) + ' -> ' + string(variables.tjSuspend) + "
+        "'); Kueue owns that field. To stop the job, deactivate its Workload (set "
+        "spec.active: false, or `holdwarden hold ' + variables.ref + ' --instance N`); to "
+        "let it run, activate the Workload and let Kueue admit it.'"
+    )
+
+
+def render_kueue_namespace_policy(
+    prefix: str = DEFAULT_ANNOTATION_PREFIX,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+    name: str = KUEUE_NAMESPACE_POLICY,
+) -> Any:
+    """kueue-owns-suspend for TrainJobs without the queue-name label, for
+    ``kueue.manageJobsWithoutQueueName: true``: its binding (``kueue_namespace_binding``)
+    selects the namespaces Kueue's ``managedJobsNamespaceSelector`` selects, as the
+    webhook's second entry does. A labelled TrainJob is the rules policy's."""
+    ids = _list(kueue_identities)
+    suspend_old = "oldObject.?spec.?suspend.orValue(false) == true"
+    validation = {
+        "expression": "oldObject == null "
+        f"|| variables.tjSuspend == ({suspend_old}) "
+        "|| [object, oldObject].exists(o, "
+        f"{_lit(QUEUE_NAME_LABEL)} in o.?metadata.?labels.orValue({{}})) "
+        f"|| request.userInfo.username in {ids} "
+        f"|| request.userInfo.?groups.orValue([]).exists(g, g in {ids})",
+        "messageExpression": _kueue_owns_suspend_message(
+            "namespace \\'' + request.namespace + '\\' is one Kueue\\'s "
+            "managedJobsNamespaceSelector selects, and Kueue manages jobs without a queue "
+            "name there"
+        ),
+    }
+    policy = _policy(name, _common_variables(prefix), [validation], workload_delete=False)
+    policy["spec"]["matchConstraints"] = {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {
+                "apiGroups": [TRAINJOB.group],
+                "apiVersions": [TRAINJOB.version],
+                "operations": ["UPDATE"],
+                "resources": [TRAINJOB.plural],
+            }
+        ],
+    }
+    return policy
+
+
+def kueue_namespace_binding(selector: LabelSelector) -> Any:
+    """The binding of ``render_kueue_namespace_policy``: the namespaces the webhook's second
+    entry covers (Kueue's ``managedJobsNamespaceSelector``, less the skipped ones)."""
+    return binding(KUEUE_NAMESPACE_POLICY, kueue_namespace_selector(selector, SKIPPED_NAMESPACES))
 
 
 def _policy(
@@ -415,6 +475,24 @@ def owner_only_manifest(
     )
 
 
+def kueue_namespace_manifest(
+    prefix: str = DEFAULT_ANNOTATION_PREFIX,
+    kueue_identities: Sequence[str] = DEFAULT_KUEUE_IDENTITIES,
+    selector: LabelSelector | None = None,
+) -> str:
+    """The policy and binding for ``kueue.manageJobsWithoutQueueName: true``."""
+    chosen = selector or labelselector.kueue_default()
+    header = (
+        "# Generated by `python -m webhook.policy --kueue-namespace-policy` for annotationPrefix "
+        f"{prefix!r},\n# kueue.identities {list(kueue_identities)!r} and "
+        f"kueue.managedJobsNamespaceSelector {json.dumps(chosen.to_dict())}.\n"
+    )
+    return _dump(
+        [render_kueue_namespace_policy(prefix, kueue_identities), kueue_namespace_binding(chosen)],
+        header,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the policy manifests for a configuration other than the shipped default."""
     parser = argparse.ArgumentParser(
@@ -428,8 +506,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workload-deleter", action="append", dest="deleters", metavar="ID")
     parser.add_argument("--owner-only", action="store_true")
     parser.add_argument("--holder", action="append", dest="holders", metavar="ID")
+    parser.add_argument(
+        "--kueue-namespace-policy",
+        action="store_true",
+        help="print instead the policy for Kueue's manageJobsWithoutQueueName (the webhook's "
+        "second entry's twin) and its binding",
+    )
+    parser.add_argument(
+        "--managed-jobs-namespace-selector",
+        metavar="JSON",
+        help="with --kueue-namespace-policy: Kueue's managedJobsNamespaceSelector as JSON "
+        "(default: Kueue's own)",
+    )
     args = parser.parse_args(argv)
-    if args.owner_only:
+    if args.kueue_namespace_policy:
+        selector = labelselector.kueue_default()
+        if args.managed_jobs_namespace_selector:
+            try:
+                selector = labelselector.parse(
+                    json.loads(args.managed_jobs_namespace_selector),
+                    "--managed-jobs-namespace-selector",
+                )
+            except (ValueError, labelselector.SelectorError) as exc:
+                parser.error(f"--managed-jobs-namespace-selector: {exc}")
+        identities = tuple(args.identities) if args.identities else DEFAULT_KUEUE_IDENTITIES
+        sys.stdout.write(kueue_namespace_manifest(args.prefix, identities, selector))
+    elif args.owner_only:
         holders = tuple(args.holders) if args.holders else DEFAULT_HOLDER_IDENTITIES
         sys.stdout.write(owner_only_manifest(args.prefix, holders))
     else:

@@ -3,7 +3,7 @@
 Nothing here does I/O, reads a clock or keeps state. Each rule takes a ``Change`` (a small
 typed view of the request) and a ``RulesConfig`` and returns a ``Violation`` or ``None``.
 
-Which requests are judged (``judged``):
+Which requests are judged (``skip_reason`` says why one is not):
   - resource ``trainjobs`` in group ``trainer.kubeflow.org`` or ``workloads`` in group
     ``kueue.x-k8s.io`` (any version: the fields the rules read are the same in every
     served version);
@@ -13,8 +13,10 @@ Which requests are judged (``judged``):
     just as an update does, and the adapter's preflight probes the enforcer with a dry-run
     CREATE. On CREATE there is no old object, so only the rules that look at the new object
     alone can fire (held-*, malformed).
-Everything else (DELETE, CONNECT, other kinds, sub-resources) is allowed; ``skip_reason``
-says why, for the log.
+  - DELETE of a Workload whose stored object carries a hold (rule held-workload-kept,
+    ``DELETE_RULE_ORDER``): Kueue would replace a deleted Workload with a fresh, active one.
+Everything else (DELETE of a TrainJob, CONNECT, other kinds, sub-resources) is allowed;
+``skip_reason`` says why, for the log.
 
 Evaluation order (``RULE_ORDER``) is fixed, and ``evaluate`` returns the FIRST violation:
   1. hold-instance-malformed   a garbled value makes every other hold judgement meaningless
@@ -38,6 +40,12 @@ Decisions the contract leaves open, written down here and in docs/enforcer.md:
     fixes or removes the value, still pass.
   - A TrainJob is Kueue-managed when the old OR the new object carries the queue-name
     label, so dropping the label in the same write does not escape kueue-owns-suspend.
+    Where Kueue manages jobs without a queue name (``kueue.manageJobsWithoutQueueName``),
+    every TrainJob in a namespace Kueue's ``managedJobsNamespaceSelector`` selects is
+    Kueue-managed too. The rules cannot see a namespace's labels, so the apiserver decides
+    that: a second webhook entry with that selector as its ``namespaceSelector`` sends
+    those writes to ``KUEUE_NAMESPACE_PATH``, judged with
+    ``RulesConfig.kueue_managed_namespace`` (kueue-owns-suspend only).
     ``spec.suspend`` absent counts as false; only a change of the effective value counts.
   - An identity is Kueue's when the username, or one of the groups, is listed in
     ``kueue.identities``.
@@ -78,6 +86,11 @@ class RulesConfig:
     holder_identities: frozenset[str] = frozenset()
     # held-workload-kept: who may delete a held Workload (``webhook.workloadDeleters``).
     workload_deleters: frozenset[str] = frozenset(DEFAULT_WORKLOAD_DELETERS)
+    # True for the requests of the second webhook entry (KUEUE_NAMESPACE_PATH), whose
+    # namespaceSelector is Kueue's managedJobsNamespaceSelector: there Kueue manages every
+    # TrainJob, queue-name label or not, and only kueue-owns-suspend is judged (the first
+    # entry judges everything else, so nothing is refused or audited twice).
+    kueue_managed_namespace: bool = False
     # The hold-instance key, spelled once (``Annotations`` builds it on every access).
     hold_key: str = field(init=False, repr=False, compare=False)
 
@@ -171,7 +184,7 @@ def skip_reason(change: Change) -> str | None:
 # --- never raise on a shape it did not expect.
 
 
-def _is_kueue_managed(change: Change) -> bool:
+def _labelled_for_kueue(change: Change) -> bool:
     # Old OR new: dropping the label in the same write does not escape the rule.
     return objects.is_kueue_managed(change.old) or objects.is_kueue_managed(change.new)
 
@@ -198,6 +211,19 @@ def _release_hint(change: Change, config: RulesConfig, instance: str | None) -> 
     )
 
 
+SHOWN_LIMIT = 64
+
+
+def shown(value: str) -> str:
+    """A value as a message shows it: at most SHOWN_LIMIT characters (then "..."), with
+    backslashes, line breaks and tabs escaped, so one refusal stays one line. The policy
+    twin spells it the same way in CEL (webhook.policy._shown), so both say the same."""
+    clipped = value[:SHOWN_LIMIT] + "..." if len(value) > SHOWN_LIMIT else value
+    return (
+        clipped.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    )
+
+
 def _prefix(rule: RuleId, change: Change) -> str:
     return f"holdwarden [{rule}]: {change.kind} {change.ref}"
 
@@ -215,7 +241,7 @@ def held_trainjob_suspended(change: Change, config: RulesConfig) -> Violation | 
     rule = RuleId.HELD_TRAINJOB_SUSPENDED
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}) "
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={shown(instance)}) "
         f"and this write would leave spec.suspend not true; a held TrainJob must stay "
         f"suspended. To run it, {_release_hint(change, config, instance)}.",
         instance,
@@ -232,7 +258,7 @@ def held_workload_inactive(change: Change, config: RulesConfig) -> Violation | N
     rule = RuleId.HELD_WORKLOAD_INACTIVE
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}) "
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={shown(instance)}) "
         f"and this write would leave spec.active not false; a held Workload must stay "
         f"inactive. To run it, {_release_hint(change, config, instance)}.",
         instance,
@@ -244,7 +270,16 @@ def kueue_owns_suspend(change: Change, config: RulesConfig) -> Violation | None:
     if not change.is_trainjob or change.old is None:
         return None
     old, new = objects.suspended(change.old), objects.suspended(change.new)
-    if old == new or not _is_kueue_managed(change) or _is_kueue(change, config):
+    if old == new or _is_kueue(change, config):
+        return None
+    if _labelled_for_kueue(change):
+        why = f"label {QUEUE_NAME_LABEL}"
+    elif config.kueue_managed_namespace:
+        why = (
+            f"namespace {change.namespace!r} is one Kueue's managedJobsNamespaceSelector "
+            "selects, and Kueue manages jobs without a queue name there"
+        )
+    else:
         return None
     rule = RuleId.KUEUE_OWNS_SUSPEND
     instance = objects.hold_instance_text(
@@ -252,7 +287,7 @@ def kueue_owns_suspend(change: Change, config: RulesConfig) -> Violation | None:
     ) or objects.hold_instance_text(change.old, config.annotations)
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is managed by Kueue (label {QUEUE_NAME_LABEL}) and "
+        f"{_prefix(rule, change)} is managed by Kueue ({why}) and "
         f"{change.username or 'this writer'} may not change spec.suspend "
         f"({str(old).lower()} -> {str(new).lower()}); Kueue owns that field. "
         f"To stop the job, deactivate its Workload (set spec.active: false, or "
@@ -294,8 +329,8 @@ def hold_instance_malformed(change: Change, config: RulesConfig) -> Violation | 
     rule = RuleId.HOLD_INSTANCE_MALFORMED
     return Violation(
         rule,
-        f"{_prefix(rule, change)}: {config.annotations.hold_instance}={new_raw!r} is not a "
-        f"hold instance; write it as a decimal integer from 1 to {MAX_HOLD_INSTANCE} with "
+        f'{_prefix(rule, change)}: {config.annotations.hold_instance}="{shown(new_raw)}" is not'
+        f" a hold instance; write it as a decimal integer from 1 to {MAX_HOLD_INSTANCE} with "
         f'no sign, spaces or leading zeros (e.g. "3"), or remove the '
         f"{config.annotations.prefix}/hold-* annotations.",
         new_raw,
@@ -376,7 +411,7 @@ def held_workload_kept(change: Change, config: RulesConfig) -> Violation | None:
     rule = RuleId.HELD_WORKLOAD_KEPT
     return Violation(
         rule,
-        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={instance}); "
+        f"{_prefix(rule, change)} is held ({config.annotations.hold_instance}={shown(instance)}); "
         f"deleting it would drop the hold, since Kueue would create a new, active Workload "
         f"for its TrainJob and run it. To delete it, {_release_hint(change, config, instance)}"
         f"; or delete the TrainJob itself (its Workload goes with it).",
@@ -401,8 +436,18 @@ DELETE_RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
 )
 
 
-def _rules_for(change: Change) -> tuple[tuple[RuleId, Rule], ...]:
-    return DELETE_RULE_ORDER if change.operation == "DELETE" else RULE_ORDER
+# The second webhook entry's (``RulesConfig.kueue_managed_namespace``): only the rule whose
+# verdict depends on the namespace; the first entry, called for the same write, judges the
+# rest.
+KUEUE_NAMESPACE_RULE_ORDER: tuple[tuple[RuleId, Rule], ...] = (
+    (RuleId.KUEUE_OWNS_SUSPEND, kueue_owns_suspend),
+)
+
+
+def _rules_for(change: Change, config: RulesConfig) -> tuple[tuple[RuleId, Rule], ...]:
+    if change.operation == "DELETE":
+        return () if config.kueue_managed_namespace else DELETE_RULE_ORDER
+    return KUEUE_NAMESPACE_RULE_ORDER if config.kueue_managed_namespace else RULE_ORDER
 
 
 def violations(change: Change, config: RulesConfig) -> list[Violation]:
@@ -410,7 +455,7 @@ def violations(change: Change, config: RulesConfig) -> list[Violation]:
     if skip_reason(change) is not None:
         return []
     found = []
-    for _, rule in _rules_for(change):
+    for _, rule in _rules_for(change, config):
         violation = rule(change, config)
         if violation is not None:
             found.append(violation)
@@ -421,7 +466,7 @@ def evaluate(change: Change, config: RulesConfig) -> Violation | None:
     """The first violation in ``RULE_ORDER``, or None when the write is allowed."""
     if skip_reason(change) is not None:
         return None
-    for _, rule in _rules_for(change):
+    for _, rule in _rules_for(change, config):
         violation = rule(change, config)
         if violation is not None:
             return violation

@@ -18,6 +18,7 @@ while the injected caBundle trusts the certificate served: certs/selfmanaged.py)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -34,7 +35,7 @@ import msgspec
 from aiohttp import HttpVersion11, web
 
 from holdwarden.config import Config, split_address
-from holdwarden.vocabulary import TRAINJOB, WORKLOAD
+from holdwarden.vocabulary import KUEUE_NAMESPACE_PATH, TRAINJOB, WORKLOAD
 from webhook.audit import AuditWriter, audit_record, rfc3339
 from webhook.audit_sinks import EventsClient, EventsSink, KubeEvents, SinkMetrics, StdoutSink
 from webhook.connections import (
@@ -76,14 +77,6 @@ STOP_GRACE_SECONDS = 1.0
 TLS_STOP_SECONDS = 2.0
 # How long the readmission gate may take to stop beside it (readmission/controller.py).
 GATE_STOP_SECONDS = 3.0
-# The kube-apiserver decodes JSON with Go's encoding/json (and k8s.io/apimachinery's
-# util/json), which refuse nesting deeper than 10,000 levels; so an object it stores is at
-# most that deep, and a review embeds it 3 levels down. msgspec (like Python's json) counts
-# nesting against sys.getrecursionlimit() (default 1,000), so the limit is raised to cover
-# the apiserver's. Measured C stack: ~270 bytes a level (msgspec decoding into Python
-# objects); 12,000 levels is ~3 MiB of the 8 MiB main-thread stack.
-APISERVER_MAX_JSON_DEPTH = 10_000
-RECURSION_LIMIT = APISERVER_MAX_JSON_DEPTH + 2_000
 _KNOWN_RESOURCES = frozenset({TRAINJOB.plural, WORKLOAD.plural})
 _KNOWN_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 _JSON = "application/json"
@@ -178,6 +171,9 @@ class Enforcer:
     ) -> None:
         self.config = config
         self.rules = RulesConfig.from_config(config)
+        # The second webhook entry's requests (KUEUE_NAMESPACE_PATH): its namespaceSelector
+        # is Kueue's managedJobsNamespaceSelector, so every TrainJob there is Kueue's.
+        self.kueue_namespace_rules = dataclasses.replace(self.rules, kueue_managed_namespace=True)
         self.audit = audit
         # The file sink is on unless webhook.auditSinks leaves it out; the others
         # (webhook/audit_sinks.py) count their own failures and never raise.
@@ -207,25 +203,33 @@ class Enforcer:
 
     async def validate(self, request: web.Request) -> web.Response:
         """POST /validate; with a guard, the request is marked in progress meanwhile."""
+        return await self._guarded(request, self.rules)
+
+    async def validate_kueue_namespace(self, request: web.Request) -> web.Response:
+        """POST KUEUE_NAMESPACE_PATH: the second webhook entry's requests, from namespaces
+        where Kueue manages jobs without a queue name (``RulesConfig.kueue_managed_namespace``)."""
+        return await self._guarded(request, self.kueue_namespace_rules)
+
+    async def _guarded(self, request: web.Request, rules: RulesConfig) -> web.Response:
         guard = self.guard
         if guard is None:
-            return await self._answer(request)
+            return await self._answer(request, rules)
         # Here rather than in a middleware: a middleware costs a few us a review.
         protocol = request.protocol
         guard.begin(protocol)
         try:
-            response = await self._answer(request)
+            response = await self._answer(request, rules)
         finally:
             guard.end(protocol)
         if guard.closing:
             response.force_close()
         return response
 
-    async def _answer(self, request: web.Request) -> web.Response:
+    async def _answer(self, request: web.Request, rules: RulesConfig) -> web.Response:
         started = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
-            return await self._validate(request, started)
+            return await self._validate(request, rules, started)
         except ConnectionError as exc:
             # The client went away mid-body: nobody will read an answer, and it is not a
             # bug, so one line and no traceback.
@@ -332,7 +336,9 @@ class Enforcer:
         request.writer.output_size = 0  # the 100 is not part of the answer's size
         return None
 
-    async def _validate(self, request: web.Request, started: float) -> web.Response:
+    async def _validate(
+        self, request: web.Request, rules: RulesConfig, started: float
+    ) -> web.Response:
         try:
             body = await self._read(request)
             review = parse_review(body)
@@ -352,7 +358,7 @@ class Enforcer:
                     resource, operation, "skipped", "", time.perf_counter() - started
                 )
                 return web.Response(body=allow_bytes(review.uid), content_type=_JSON)
-            violation = evaluate(change, self.rules)
+            violation = evaluate(change, rules)
             if violation is None:
                 self.metrics.observe(
                     resource, operation, "allowed", "", time.perf_counter() - started
@@ -401,15 +407,6 @@ def _peer(request: web.Request) -> str:
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
 
 
-def allow_apiserver_json_depth() -> None:
-    """Let msgspec decode the deepest JSON the kube-apiserver stores (see RECURSION_LIMIT).
-
-    Process-wide and only ever raised, like the switch interval below.
-    """
-    if sys.getrecursionlimit() < RECURSION_LIMIT:
-        sys.setrecursionlimit(RECURSION_LIMIT)
-
-
 def _where(review: Review) -> dict[str, Any]:
     change = review.change
     return {
@@ -455,12 +452,14 @@ def build_app(
     for tests that serve it without TLS. With ``guard`` (the TLS site's), the handlers
     tell it when each request starts and ends."""
     state = state if state is not None else State(ready=True)
-    allow_apiserver_json_depth()
     enforcer = Enforcer(config, audit, metrics, guard=guard, sinks=sinks)
     # One byte over the limit is enough for aiohttp to refuse; the handler words the 413.
     app = web.Application(client_max_size=config.webhook.max_body_bytes)
     routes = [
         web.post("/validate", enforcer.validate, expect_handler=enforcer.expect),
+        web.post(
+            KUEUE_NAMESPACE_PATH, enforcer.validate_kueue_namespace, expect_handler=enforcer.expect
+        ),
         *_health_routes(state),
     ]
     if guard is not None:
@@ -475,10 +474,10 @@ def build_app(
             raise web.HTTPNotFound()
 
         routes = [
-            routes[0],
+            *routes[:2],
             *(
                 web.route(r.method, r.path, guard.tracked(r.handler))
-                for r in routes[1:]
+                for r in routes[2:]
                 if isinstance(r, web.RouteDef)
             ),
             web.route("*", "/{path:.*}", guard.tracked(elsewhere)),

@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -155,6 +155,7 @@ class LocalCluster:
         binaries: Binaries | None = None,
         controllers: Sequence[str] = (),
         nodes: int = 0,
+        kueue_settings: Mapping[str, Any] | None = None,
     ) -> None:
         if nodes and "kube-controller-manager" not in controllers:
             # Only its node-lifecycle controller lifts the not-ready taint every new node
@@ -167,6 +168,9 @@ class LocalCluster:
         self._requested_workdir = workdir
         # Real controllers to run after start-up (rig/localcluster/controllers.py).
         self._controller_names = tuple(controllers)
+        # Keys of Kueue's Configuration set on top of the rig's (e.g. manageJobsWithoutQueueName
+        # and managedJobsNamespaceSelector): a cluster configured as a platform team runs it.
+        self.kueue_settings: dict[str, Any] = dict(kueue_settings or {})
         self.controllers: RealControllers | None = None
         self._crd_dir = crd_dir
         self._binaries = binaries

@@ -678,6 +678,7 @@ class _Setup:
                 ]
             },
         }
+        settings.update(self.cluster.kueue_settings)
         config_path = work / "config.yaml"
         config_path.write_text(yaml.safe_dump(settings))
         kubeconfig = self.token_kubeconfig(KUEUE_NAMESPACE, "kueue-controller-manager", "kueue")

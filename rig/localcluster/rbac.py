@@ -93,6 +93,9 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
             Rule((_KUEUE,), ("multikueueclusters", "multikueueconfigs"), ("list",)),
             Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("get",)),
             Rule(("",), ("configmaps",), ("get",)),
+            # Where Kueue manages jobs without a queue name, Start and preflight read the
+            # namespace's labels (kueue.managedJobsNamespaceSelector decides).
+            Rule(("",), ("namespaces",), ("get",)),
         ),
     ),
     IdentityRBAC(

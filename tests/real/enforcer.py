@@ -23,11 +23,13 @@ from kubernetes import client as k8s
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
+from holdwarden.labelselector import LabelSelector
 from readmission.controller import ReadmissionGate
 from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
 from rig.localcluster.realstory import make_admission_check, wait_until_enforced
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
+from webhook.match_conditions import kueue_namespace_webhook
 from webhook.server import EnforcerServer
 
 ENFORCED_LABEL = "holdwarden.io/real-e2e"
@@ -84,8 +86,15 @@ def _enforcer_thread(config: Config, tls: ReloadingTLS) -> Iterator[EnforcerServ
 
 
 @contextmanager
-def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
-    """The enforcer registered in the apiserver, and the readmission gate running."""
+def enforcement(
+    cluster: LocalCluster, work: Path, *, queueless: LabelSelector | None = None
+) -> Iterator[Enforcement]:
+    """The enforcer registered in the apiserver, and the readmission gate running.
+
+    ``queueless``: Kueue manages jobs without a queue name in the namespaces this selector
+    (its managedJobsNamespaceSelector) selects; the enforcer is configured so, and its
+    second webhook entry is registered too (webhook.match_conditions.kueue_namespace_webhook,
+    confined like the first to this run's namespaces)."""
     ca = generate_ca()
     leaf = generate_serving(ca, "holdwarden", "holdwarden-system", ip_addresses=["127.0.0.1"])
     (work / "tls.crt").write_bytes(leaf.cert_pem)
@@ -93,6 +102,8 @@ def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
     token = uuid.uuid4().hex[:12]
     check_name = f"readmission-{token}"
     config = Config(
+        kueue_manage_jobs_without_queue_name=queueless is not None,
+        kueue_managed_jobs_namespace_selector=queueless or LabelSelector(),
         webhook=WebhookConfig(
             listen_address="127.0.0.1:0",
             metrics_address="127.0.0.1:0",
@@ -137,6 +148,16 @@ def enforcement(cluster: LocalCluster, work: Path) -> Iterator[Enforcement]:
                         }
                     ],
                 }
+                if queueless is not None:
+                    first = body["webhooks"][0]
+                    second = kueue_namespace_webhook(
+                        first["clientConfig"], queueless, failure_policy="Fail"
+                    )
+                    # Confined to this run's namespaces, on top of Kueue's selector.
+                    second["namespaceSelector"].setdefault("matchLabels", {})[ENFORCED_LABEL] = (
+                        token
+                    )
+                    body["webhooks"].append(second)
                 registrations = k8s.AdmissionregistrationV1Api(admin)
                 registrations.create_validating_webhook_configuration(body)
                 try:
