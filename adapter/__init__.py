@@ -10,7 +10,15 @@ sync driver (``adapter.kube``, the kubernetes client) and the asyncio driver
 
 from adapter.aio import AsyncAdapter
 from adapter.kube import Adapter
-from adapter.types import CallMeta, Capability, Observation, PreflightResult, Ref, State
+from adapter.types import (
+    CallMeta,
+    Capability,
+    Observation,
+    PreflightResult,
+    Ref,
+    ReleaseResult,
+    State,
+)
 from holdwarden.config import Config
 
 __all__ = [
@@ -22,5 +30,6 @@ __all__ = [
     "Observation",
     "PreflightResult",
     "Ref",
+    "ReleaseResult",
     "State",
 ]

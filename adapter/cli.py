@@ -19,16 +19,19 @@ from typing import Any, Literal
 
 import yaml
 
+from adapter import traps
 from adapter.errors import (
     AdapterError,
     DeadlinePassed,
     NotFound,
     Rejected,
+    RuntimeMissing,
     StaleHold,
     Unreachable,
     Unsupported,
 )
 from adapter.kube import Adapter
+from adapter.preflight import TRAP_CAPABILITIES
 from adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden import kubeclient
 from holdwarden.config import Config, ConfigError, parse_duration
@@ -40,7 +43,7 @@ EXIT_CODES = (
     "exit codes: 0 done; 1 other API error; 2 usage, configuration or credentials error "
     "(a bad --kubeconfig is named); 3 refused (by RBAC, the enforcer or the deadline); "
     "4 stale hold; 5 not found; 6 unsupported; 7 pods remain; 8 conflict; 9 unreachable "
-    "(no connection: nothing was sent)"
+    "(no connection: nothing was sent); 10 the TrainJob's runtime is missing"
 )
 
 
@@ -83,6 +86,8 @@ def error_label(exc: AdapterError) -> str:
         return "rejected (stale hold)"
     if isinstance(exc, DeadlinePassed):
         return "rejected (deadline passed)"
+    if isinstance(exc, RuntimeMissing):
+        return "refused (runtime missing)"
     if isinstance(exc, Rejected):
         return "refused"
     if isinstance(exc, Unreachable):
@@ -287,6 +292,11 @@ def _print_observation(obs: Observation, output: str | None) -> None:
             "resources (Kueue applies flavor-scoped checks only to a Workload given a flavor), "
             "or its ClusterQueue lists no check (holdwarden preflight says which)"
         )
+    if obs.stranded and obs.workload is not None and obs.kueue_requeue_blocked is not None:
+        print(
+            "warning: "
+            + traps.stranded_advice(obs.ref.namespace, obs.workload, obs.kueue_requeue_blocked)
+        )
 
 
 def _run_call(args: argparse.Namespace) -> int:
@@ -306,8 +316,10 @@ def _run_call(args: argparse.Namespace) -> int:
             adapter.hold(ref, meta, args.reason)
             print(f"held {ref} (instance {args.instance})")
         elif call == "release":
-            adapter.release(ref, meta)
+            released = adapter.release(ref, meta)
             print(f"released {ref} (instance {args.instance})")
+            for warning in released.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
         else:
             adapter.open(ref, meta)
             print(f"opened {ref}")
@@ -336,6 +348,10 @@ def _print_preflight(result: PreflightResult, output: str | None) -> None:
     gate = result.extra.get("readmissionGate")
     if gate is not None and not gate.supported:
         print(f"warning: readmission gate: {gate.reason}")
+    for name in TRAP_CAPABILITIES:
+        trap = result.extra.get(name)
+        if trap is not None and not trap.supported:
+            print(f"warning: {name}: {trap.reason}")
     if result.hold_supported:
         print("hold: supported")
     else:

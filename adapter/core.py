@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import quote
 
-from adapter import decisions, patches
+from adapter import decisions, patches, traps
 from adapter.decisions import Decision, Obj, Outcome
 from adapter.errors import (
     AdapterError,
@@ -49,6 +49,7 @@ from adapter.errors import (
     NotFound,
     PodsRemain,
     Rejected,
+    RuntimeMissing,
     StaleHold,
     Unreachable,
     Unsupported,
@@ -77,7 +78,7 @@ from adapter.steps import (
     error_for,
     no_request,
 )
-from adapter.types import CallMeta, Observation, PreflightResult, Ref
+from adapter.types import CallMeta, Observation, PreflightResult, Ref, ReleaseResult
 from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
@@ -361,11 +362,24 @@ class AdapterCore:
             self._held_resource, read, decide, deadline, what, on_conflict=conflicted.append
         )
 
-    def _release(self, ref: Ref, meta: CallMeta) -> Operation[None]:
-        """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force."""
+    def _release(self, ref: Ref, meta: CallMeta) -> Operation[ReleaseResult]:
+        """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force.
+
+        Returns what the caller must know although the hold was lifted (``ReleaseResult``):
+        in Kueue mode, a Workload Kueue itself had deactivated, which Kueue up to v0.19 will
+        not queue again (``traps.requeue_blocked``). Kueue mode, before the first write: the
+        TrainJob's runtime must exist (one GET), else ``RuntimeMissing`` and nothing is
+        written, since Trainer's webhook would refuse Kueue's unsuspend and the gate's
+        attempt raise; plain mode learns the same from the webhook's refusal of its write.
+        """
         deadline = self._deadline(meta)
         instance = self._instance(meta)
         what = f"release {ref} instance {instance}"
+        # The TrainJob of each read (Kueue mode: read beside the Workload) and the held
+        # object of the last decision: Release's result is decided on the read it wrote on.
+        trainjobs: list[Obj] = []
+        decided: list[Obj] = []
+        runtime_checked = False
         # The read the call's last pod check followed, when it found no pod. A retry whose
         # read proves the TrainJob stayed suspended since then writes without listing again
         # (decisions.pod_check_carries_over): under a busy status writer the LIST's round
@@ -373,9 +387,13 @@ class AdapterCore:
         no_pods_after: Obj | None = None
 
         def decide(held: Obj) -> Operation[Decision]:
-            nonlocal no_pods_after
+            nonlocal no_pods_after, runtime_checked
             pods_remain: bool | None = None
             in_force = objects.hold_instance(held, self.annotations) == instance
+            decided.append(held)
+            if self.mode == "kueue" and in_force and not runtime_checked and trainjobs:
+                runtime_checked = True
+                yield from self._require_runtime(trainjobs[-1], deadline, what)
             if (
                 self.mode == "plain"
                 and in_force
@@ -396,8 +414,32 @@ class AdapterCore:
                 pods_remain=pods_remain,
             )
 
-        read = yield from self._held_reader(ref, deadline, what)
+        read = yield from self._held_reader(ref, deadline, what, trainjobs)
         yield from self._read_decide_write(self._held_resource, read, decide, deadline, what)
+        blocked = traps.requeue_blocked(decided[-1]) if self.mode == "kueue" else None
+        warnings: tuple[str, ...] = ()
+        if blocked is not None:
+            workload = objects.name(decided[-1]) or "?"
+            warnings = (traps.stranded_advice(ref.namespace, workload, blocked),)
+        return ReleaseResult(ref, instance, kueue_requeue_blocked=blocked, warnings=warnings)
+
+    def _require_runtime(self, trainjob: Obj, deadline: datetime, what: str) -> Operation[None]:
+        """Raise RuntimeMissing when the runtime the TrainJob names is not found (404).
+        Any other answer (found, or a refusal of the GET: no right to read runtimes) lets
+        the call go on: only a runtime seen missing stops it."""
+        runtime = traps.runtime_of(trainjob)
+        if runtime is None:
+            return
+        resource = runtime.resource
+        req = Request("get", resource.plural, runtime.namespace or "", runtime.name)
+        http = Http("GET", custom_path(resource, runtime.namespace, runtime.name))
+        try:
+            yield from self._send(req, deadline, http)
+        except ApiStatusError as exc:
+            if exc.status == 404:
+                raise RuntimeMissing(
+                    traps.runtime_missing_message(what, runtime, ""), str(runtime)
+                ) from exc
 
     def _observe(self, ref: Ref) -> Operation[Observation]:
         """Classify the TrainJob (and its Workload in Kueue mode). Sends no writes."""
@@ -414,6 +456,8 @@ class AdapterCore:
             observation,
             leftover_pods=decisions.leftover_pods(observation.state, pods),
             pods_error=pods_error,
+            kueue_requeue_blocked=traps.requeue_blocked(workload) if workload else None,
+            workload_active=objects.active(workload) if workload else True,
         )
 
     def _preflight(self, namespace: str, refresh: bool) -> Operation[PreflightResult]:
@@ -454,7 +498,9 @@ class AdapterCore:
         except ValueError as exc:
             raise Invalid(str(exc)) from exc
 
-    def _first_read(self, ref: Ref, deadline: datetime, what: str) -> Operation[Obj | None]:
+    def _first_read(
+        self, ref: Ref, deadline: datetime, what: str, trainjobs: list[Obj] | None = None
+    ) -> Operation[Obj | None]:
         """A Hold's or Release's first read, then the capability check (cached preflight).
 
         The call's own errors come first: a missing TrainJob is NotFound, one without a
@@ -467,7 +513,7 @@ class AdapterCore:
         read_error: AdapterError | None = None
         held: Obj | None = None
         try:
-            held = yield from self._read_held(ref, deadline, what)
+            held = yield from self._read_held(ref, deadline, what, trainjobs)
         except Rejected as exc:
             cause = exc.__cause__
             if not (isinstance(cause, ApiStatusError) and cause.status == 403):
@@ -619,18 +665,19 @@ class AdapterCore:
             return None
 
     def _held_reader(
-        self, ref: Ref, deadline: datetime, what: str
+        self, ref: Ref, deadline: datetime, what: str, trainjobs: list[Obj] | None = None
     ) -> Operation[Callable[[], Operation[Obj]]]:
         """Reads of the held object for one call: the first is ``_first_read`` (which also
-        checks preflight), every later one (after a conflict) ``_read_held``."""
-        first = yield from self._first_read(ref, deadline, what)
+        checks preflight), every later one (after a conflict) ``_read_held``. With
+        ``trainjobs``, the TrainJob of each read is appended to it."""
+        first = yield from self._first_read(ref, deadline, what, trainjobs)
 
         def read() -> Operation[Obj]:
             nonlocal first
             obj, first = first, None
             if obj is not None:
                 return obj
-            return (yield from self._read_held(ref, deadline, what))
+            return (yield from self._read_held(ref, deadline, what, trainjobs))
 
         return read
 
@@ -647,10 +694,16 @@ class AdapterCore:
             raise Invalid(message)
         raise Rejected(message)
 
-    def _read_held(self, ref: Ref, deadline: datetime, what: str) -> Operation[Obj]:
-        """Read the held object: the Workload (Kueue mode) or the TrainJob (plain mode)."""
+    def _read_held(
+        self, ref: Ref, deadline: datetime, what: str, trainjobs: list[Obj] | None = None
+    ) -> Operation[Obj]:
+        """Read the held object: the Workload (Kueue mode) or the TrainJob (plain mode).
+        With ``trainjobs``, the TrainJob read is appended to it."""
         if self.mode == "plain":
-            return (yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, what))
+            trainjob = yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
+            if trainjobs is not None:
+                trainjobs.append(trainjob)
+            return trainjob
         # The TrainJob is read too, every time: only its uid *now* tells whether the
         # cached Workload still belongs to it. A TrainJob deleted and started again under
         # the same name has a new uid, and until the garbage collector removes the old
@@ -663,6 +716,8 @@ class AdapterCore:
             trainjob = yield from self._get(TRAINJOB, ref.namespace, ref.name, deadline, what)
         else:
             trainjob, workload = yield from self._read_pair(ref, cached, deadline, what)
+        if trainjobs is not None:
+            trainjobs.append(trainjob)
         if workload is None:
             self._workloads.pop(ref, None)
             workload = yield from self._discover_workload(ref, _uid(trainjob), deadline)
@@ -883,6 +938,14 @@ class AdapterCore:
         except ApiStatusError as exc:
             if exc.status == 409:
                 raise _ConflictError() from exc
+            refusal = api_message(exc)
+            runtime = traps.runtime_of(read) if resource is TRAINJOB else None
+            name = runtime.name if runtime is not None else None
+            if resource is TRAINJOB and traps.is_runtime_refusal(exc.status, refusal, name):
+                raise RuntimeMissing(
+                    traps.runtime_missing_message(what, runtime, refusal),
+                    str(runtime) if runtime is not None else "",
+                ) from exc
             if exc.status == 404 and resource is WORKLOAD:
                 self._forget_workload(meta["namespace"], meta["name"])
             raise error_for(exc, what) from exc

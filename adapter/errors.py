@@ -34,6 +34,22 @@ class NotFound(Rejected):
     exit_code = 5
 
 
+class RuntimeMissing(Rejected):
+    """The TrainJob's training runtime (``spec.runtimeRef``) does not exist, so Trainer's
+    webhook, which reads it on every update of a TrainJob (v2.3), refuses every write of
+    it: the adapter's, the readmission gate's and Kueue's own unsuspend. Nothing was
+    written; the hold, if any, stays in force. ``runtime`` names it (``Kind ns/name`` or
+    ``Kind name``); re-create it (or delete the TrainJob) and call again.
+
+    (An addition to the contract's classes: a ``Rejected`` like any other.)"""
+
+    exit_code = 10
+
+    def __init__(self, message: str, runtime: str) -> None:
+        self.runtime = runtime
+        super().__init__(message)
+
+
 class DeadlinePassed(Rejected):
     """The call's deadline passed before a request could be sent; that request was not sent.
 
@@ -94,6 +110,7 @@ __all__ = [
     "NotFound",
     "PodsRemain",
     "Rejected",
+    "RuntimeMissing",
     "StaleHold",
     "Unreachable",
     "Unsupported",

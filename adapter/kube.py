@@ -51,7 +51,7 @@ from adapter.steps import (
     WatchFeed,
     WatchView,
 )
-from adapter.types import CallMeta, Observation, PreflightResult, Ref
+from adapter.types import CallMeta, Observation, PreflightResult, Ref, ReleaseResult
 from holdwarden import kubeclient
 from holdwarden.config import Config
 
@@ -134,9 +134,10 @@ class Adapter(AdapterCore):
         """Place hold ``meta.instance`` (see the spec's conflict rules)."""
         self._drive(self._hold(ref, meta, reason))
 
-    def release(self, ref: Ref, meta: CallMeta) -> None:
-        """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force."""
-        self._drive(self._release(ref, meta))
+    def release(self, ref: Ref, meta: CallMeta) -> ReleaseResult:
+        """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force.
+        Returns what the caller must still act on (``ReleaseResult.warnings``)."""
+        return self._drive(self._release(ref, meta))
 
     def observe(self, ref: Ref) -> Observation:
         """Classify the TrainJob (and its Workload in Kueue mode). Sends no writes."""

@@ -19,6 +19,11 @@ The capabilities (docs/adapter.md, "Preflight"):
 - ``extra``: ``readmissionGate`` and ``multiKueue`` (Kueue mode, ``GateProbe``),
   ``holdOwnership`` (``ownership_capability``) and ``kueueWithoutQueueName``
   (``queueless_capability``). Reported, not conditions of Hold.
+- The traps (issue 29; decided in ``adapter.traps``): ``trainerManagedBy`` (Kueue mode, a
+  condition of Hold: MultiKueue in use and a Trainer that ignores ``spec.managedBy``), and
+  in ``extra``, reported: ``trainJobRuntimes`` (a TrainJob naming a runtime that is gone),
+  ``kueueForceDelete`` (pods Kueue may force-delete) and, in Kueue mode,
+  ``kueueRetention`` (Kueue deletes jobs it deactivated).
 
 ``AdapterCore`` owns the cache (one result per namespace) and decides when preflight runs
 (``Adapter.preflight()``, or lazily on a namespace's first Hold or Release).
@@ -33,7 +38,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from adapter import decisions
+from adapter import decisions, traps
 from adapter.decisions import Obj
 from adapter.steps import (
     FIELD_MANAGER,
@@ -53,11 +58,18 @@ from holdwarden.vocabulary import (
     BREAK_GLASS_GROUP,
     CLUSTERQUEUE,
     CLUSTERTRAININGRUNTIME,
+    CRD,
+    JOBSET_NAME_LABEL,
+    KUEUE_CONFIG_KEY,
+    KUEUE_CONFIG_MAP,
     LOCALQUEUE,
     MULTIKUEUE_CONTROLLER,
+    MULTIKUEUECLUSTER,
+    MULTIKUEUECONFIG,
     QUEUE_NAME_LABEL,
     TRAININGRUNTIME,
     TRAINJOB,
+    TRAINJOB_CRD_NAME,
     WORKLOAD,
     Annotations,
     Mode,
@@ -66,6 +78,14 @@ from holdwarden.vocabulary import (
 )
 
 PROBE_RUNTIME_PLACEHOLDER = "holdwarden-preflight"
+# How many objects a trap probe reads per list: a namespace's TrainJobs and their pods,
+# the runtimes, the AdmissionChecks. A larger namespace is checked on its first page only,
+# and the reason says so.
+TRAP_LIST_LIMIT = 500
+# The trap capabilities preflight reports in ``extra`` (the CLI prints a warning for each
+# that is not supported).
+TRAP_CAPABILITIES = ("trainJobRuntimes", "kueueForceDelete", "kueueRetention")
+SCAN_HINT = "run `holdwarden preflight` (the lazy preflight of a first Hold lists no namespace)"
 NOT_PROBED = "not probed (access reviews only; run `holdwarden preflight`)"
 
 
@@ -182,6 +202,15 @@ class Preflight:
             extra["multiKueue"] = gate.multikueue
         extra["holdOwnership"] = yield from self.ownership(deadline)
         extra["kueueWithoutQueueName"] = yield from self.queueless(namespace, deadline, scan)
+        extra["trainJobRuntimes"] = yield from self.trainjob_runtimes(namespace, deadline, scan)
+        settings, settings_error = yield from self.kueue_settings(deadline)
+        extra["kueueForceDelete"] = yield from self.force_delete(
+            namespace, deadline, settings, settings_error, scan
+        )
+        trainer_managed_by: Capability | None = None
+        if self.mode == "kueue":
+            extra["kueueRetention"] = traps.retention_capability(settings, settings_error)
+            trainer_managed_by = yield from self.managed_by(deadline)
         round_trip = yield from self.round_trip(namespace, deadline, runtime)
         update_workloads = yield from self.access(
             namespace, WRITE_VERB, WORKLOAD.group, WORKLOAD.plural, deadline
@@ -200,6 +229,7 @@ class Preflight:
             list_pods=list_pods,
             enforcer_installed=enforcer,
             extra=extra,
+            trainer_managed_by=trainer_managed_by,
         )
 
     def run_access(self, namespace: str, deadline: datetime) -> Operation[PreflightResult]:
@@ -231,6 +261,142 @@ class Preflight:
         http = Http("GET", custom_path(resource, None, name))
         obj: Obj = yield from self._send(req, deadline, http)
         return obj
+
+    def _list_or_error(
+        self, resource: Resource, namespace: str | None, deadline: datetime | None
+    ) -> Operation[tuple[list[Obj], str | None]]:
+        """LIST (first page of ``TRAP_LIST_LIMIT``), or the reason it could not be read."""
+        try:
+            items = yield from self._list(resource, namespace, deadline, TRAP_LIST_LIMIT)
+        except ApiStatusError as exc:
+            if exc.status == 404:  # the kind is not served here: there are none
+                return [], None
+            return [], f"{resource.plural}: {api_message(exc)}"
+        return items, None
+
+    def trainjob_runtimes(
+        self, namespace: str, deadline: datetime | None, scan: bool
+    ) -> Operation[Capability]:
+        """``trainJobRuntimes``: does every TrainJob of the namespace name a runtime that
+        exists? Trainer v2.3 reads it on every update of the TrainJob and refuses the update
+        when it is gone (``traps.runtimes_capability``). Only a scanning (explicit)
+        preflight lists the TrainJobs, as ``queueless`` lists Workloads."""
+        if not scan:
+            return Capability(True, f"TrainJobs in {namespace} not scanned: {SCAN_HINT}")
+        jobs, jobs_error = yield from self._list_or_error(TRAINJOB, namespace, deadline)
+        if jobs_error is not None:
+            return Capability(False, f"could not list TrainJobs in {namespace}: {jobs_error}")
+        # Every item of a namespaced LIST is of that namespace (runtime_of reads it there).
+        named = [
+            (str(objects.name(job)), runtime)
+            for job in jobs
+            if (runtime := traps.runtime_of(job)) is not None
+        ]
+        present: set[traps.RuntimeName] = set()
+        unseen: list[str] = []
+        for resource, scope in ((TRAININGRUNTIME, namespace), (CLUSTERTRAININGRUNTIME, None)):
+            if not any(rt.resource is resource for _, rt in named):
+                continue
+            items, error = yield from self._list_or_error(resource, scope, deadline)
+            if error is not None:
+                unseen.append(resource.plural)
+            present.update(
+                traps.RuntimeName(resource.kind, str(objects.name(item)), scope) for item in items
+            )
+        return traps.runtimes_capability(
+            namespace,
+            named,
+            frozenset(present),
+            unseen=unseen,
+            truncated=len(jobs) >= TRAP_LIST_LIMIT,
+        )
+
+    def kueue_settings(
+        self, deadline: datetime | None
+    ) -> Operation[tuple[traps.KueueSettings | None, str | None]]:
+        """Kueue's configuration file, from its ConfigMap (``kueue-manager-config`` in
+        ``readmission.multiKueue.kueueNamespace``), or why it could not be read."""
+        kueue_ns = self.config.readmission.multikueue_kueue_namespace
+        where = f"ConfigMap {kueue_ns}/{KUEUE_CONFIG_MAP}"
+        req = Request("get", "configmaps", kueue_ns, KUEUE_CONFIG_MAP)
+        path = f"/api/v1/namespaces/{kueue_ns}/configmaps/{KUEUE_CONFIG_MAP}"
+        try:
+            config_map = yield from self._send(req, deadline, Http("GET", path))
+        except ApiStatusError as exc:
+            if exc.status == 404:
+                return None, f"no {where} (Kueue's configuration, if any, is elsewhere)"
+            return None, f"could not read {where}: {api_message(exc)}"
+        text = objects.section(config_map, "data").get(KUEUE_CONFIG_KEY)
+        if not isinstance(text, str):
+            return None, f"{where} has no {KUEUE_CONFIG_KEY}"
+        try:
+            return traps.kueue_settings(text), None
+        except ValueError as exc:
+            return None, f"{where}: {exc}"
+
+    def force_delete(
+        self,
+        namespace: str,
+        deadline: datetime | None,
+        settings: traps.KueueSettings | None,
+        settings_error: str | None,
+        scan: bool,
+    ) -> Operation[Capability]:
+        """``kueueForceDelete``: the pods of the namespace's TrainJobs that opt in to Kueue's
+        FailureRecoveryPolicy (only a scanning preflight lists them), and whether Kueue's
+        configuration turns it on."""
+        if not scan:
+            return traps.force_delete_capability(
+                namespace, [], f"pods not scanned: {SCAN_HINT}", settings, settings_error
+            )
+        # Named, so the request log tells it from Release's and Observe's pod LISTs.
+        req = Request("list", "pods", namespace, "preflight-force-delete-opt-ins")
+        http = Http(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            query=(("labelSelector", JOBSET_NAME_LABEL), ("limit", str(TRAP_LIST_LIMIT))),
+        )
+        pods: list[Obj] = []
+        pods_error: str | None = None
+        try:
+            answer = yield from self._send(req, deadline, http)
+            pods = answer.get("items") or []
+        except ApiStatusError as exc:
+            pods_error = f"could not list pods in {namespace}: {api_message(exc)}"
+        return traps.force_delete_capability(
+            namespace, traps.annotated_for_force_delete(pods), pods_error, settings, settings_error
+        )
+
+    def managed_by(self, deadline: datetime | None) -> Operation[Capability]:
+        """``trainerManagedBy`` (Kueue mode): is MultiKueue in use here (a MultiKueue
+        AdmissionCheck, MultiKueueCluster or MultiKueueConfig), and does the installed
+        Trainer honour ``spec.managedBy`` (read from its TrainJob CRD)?"""
+        evidence: dict[str, list[Obj]] = {}
+        unseen: list[str] = []
+        for resource in (ADMISSIONCHECK, MULTIKUEUECLUSTER, MULTIKUEUECONFIG):
+            items, error = yield from self._list_or_error(resource, None, deadline)
+            evidence[resource.plural] = items
+            if error is not None:
+                unseen.append(error)
+        seen = traps.multikueue_evidence(
+            evidence[ADMISSIONCHECK.plural],
+            evidence[MULTIKUEUECLUSTER.plural],
+            evidence[MULTIKUEUECONFIG.plural],
+        )
+        if not seen:
+            return traps.managed_by_capability(seen, unseen, None, "not read")
+        try:
+            crd = yield from self._get_cluster(CRD, TRAINJOB_CRD_NAME, deadline)
+        except ApiStatusError as exc:
+            why = f"could not read CustomResourceDefinition {TRAINJOB_CRD_NAME}: {api_message(exc)}"
+            return traps.managed_by_capability(seen, unseen, None, why)
+        honours = traps.trainer_honours_managed_by(crd)
+        why = {
+            True: f"its CRD {TRAINJOB_CRD_NAME} has the schema of v2.3 or later",
+            False: f"its CRD {TRAINJOB_CRD_NAME} has the schema of v2.2 or earlier",
+            None: f"its CRD {TRAINJOB_CRD_NAME} has a schema this build does not know",
+        }[honours]
+        return traps.managed_by_capability(seen, unseen, honours, why)
 
     def runtime_ref(self, namespace: str, deadline: datetime | None) -> Operation[RuntimeRef]:
         """A ``spec.runtimeRef`` that Trainer's and Kueue's TrainJob webhooks accept.

@@ -114,6 +114,28 @@ class Observation:
     applies a flavor-scoped check only to a Workload assigned a flavor, and one whose pods
     request no resources gets none (``ungated_admission``)."""
 
+    kueue_requeue_blocked: str | None = None
+    """Kueue mode: the reason of the Workload's ``Requeued`` condition when it is False
+    with ``DeactivatedDueTo<Cause>`` (Kueue's own deactivation). Kueue up to v0.19 never
+    turns such a condition True on reactivation, and a False ``Requeued`` keeps the
+    Workload out of its queue: once active again it is ``stranded`` (kueue issue 14870)."""
+    workload_active: bool = True
+    """Kueue mode: the Workload's ``spec.active`` as read (absent: true)."""
+
+    @property
+    def stranded(self) -> bool:
+        """Kueue mode: Kueue deactivated the Workload itself (``kueue_requeue_blocked``),
+        no hold is in force and the job is not running, and reactivating it, by Release or
+        by hand, will not run it on Kueue up to v0.19: Kueue either deactivates it again at
+        once (its ``DeactivationTarget`` condition stays True after a time limit) or, active,
+        never queues it (kueue issue 14870). Deleting the Workload does (docs/adapter.md,
+        "Traps"). On Kueue v0.20 and later a reactivated one is requeued within moments."""
+        return (
+            self.workload is not None
+            and self.kueue_requeue_blocked is not None
+            and self.state not in (State.HELD, State.ENDED, State.RUNNING)
+        )
+
     @property
     def ungated_admission(self) -> bool:
         """Kueue mode: the job runs, and its Workload carries no AdmissionCheck at all, so
@@ -144,6 +166,35 @@ class Observation:
             "podsError": self.pods_error,
             "admissionChecks": dict(self.admission_checks),
             "ungatedAdmission": self.ungated_admission,
+            "kueueRequeueBlocked": self.kueue_requeue_blocked,
+            "workloadActive": self.workload_active,
+            "stranded": self.stranded,
+        }
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """What a Release that succeeded found while it lifted the hold.
+
+    Release used to return None; it returns this now, so a caller that ignores the result
+    is unaffected. ``warnings`` are what the caller must act on although the hold was
+    lifted (each names the object and what to do). ``kueue_requeue_blocked``: Kueue mode,
+    the Workload was deactivated by Kueue itself (``DeactivatedDueTo<Cause>``) before or
+    under the hold, and Kueue up to v0.19 will not queue it again after this reactivation
+    (kueue issue 14870): the job stays stopped until someone acts (``warnings`` says how).
+    """
+
+    ref: Ref
+    instance: int
+    kueue_requeue_blocked: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ref": str(self.ref),
+            "instance": self.instance,
+            "kueueRequeueBlocked": self.kueue_requeue_blocked,
+            "warnings": list(self.warnings),
         }
 
 
@@ -172,12 +223,14 @@ class PreflightResult:
     list_pods: Capability
     enforcer_installed: Capability
     extra: dict[str, Capability] = field(default_factory=dict)
+    trainer_managed_by: Capability | None = None
+    """Kueue mode, full preflight: unsupported when MultiKueue is in use here and the
+    installed Trainer ignores ``spec.managedBy`` (v2.2 and earlier): a held and released
+    job would run on this cluster AND on a worker. A condition of Hold (issue 29)."""
 
     @property
     def hold_supported(self) -> bool:
-        if not self.hold_round_trip.supported:
-            return False
-        return not (self.mode == "kueue" and not self.update_workloads.supported)
+        return self.hold_unsupported_reason is None
 
     @property
     def hold_unsupported_reason(self) -> str | None:
@@ -185,6 +238,8 @@ class PreflightResult:
             return f"hold round trip failed: {self.hold_round_trip.reason}"
         if self.mode == "kueue" and not self.update_workloads.supported:
             return f"may not update Workloads: {self.update_workloads.reason}"
+        if self.trainer_managed_by is not None and not self.trainer_managed_by.supported:
+            return self.trainer_managed_by.reason
         return None
 
     def capabilities(self) -> dict[str, Capability]:
@@ -194,6 +249,7 @@ class PreflightResult:
             "updateTrainJobs": self.update_trainjobs,
             "listPods": self.list_pods,
             "enforcerInstalled": self.enforcer_installed,
+            **({"trainerManagedBy": self.trainer_managed_by} if self.trainer_managed_by else {}),
             **self.extra,
         }
 

@@ -217,7 +217,7 @@ class Bench:
             return WORKLOAD, self.workload_names[ref]
         return TRAINJOB, ref.name
 
-    def timed(self, stats: CallStats, fn: Callable[[], None]) -> None:
+    def timed(self, stats: CallStats, fn: Callable[[], object]) -> None:
         mark = self.pool.mark()
         own = self.adapter.request_count
         began = time.perf_counter()
@@ -280,7 +280,7 @@ class Bench:
         """One Hold(i) then Release(i) with ``adapter``: latencies and failures into ``out``."""
         self.instance += 1
         inst = self.instance
-        calls: tuple[tuple[list[float], Awaitable[None]], ...] = (
+        calls: tuple[tuple[list[float], Awaitable[object]], ...] = (
             (out.async_holds, adapter.hold(ref, self.meta(inst), "bench")),
             (out.async_releases, adapter.release(ref, self.meta(inst))),
         )

@@ -61,6 +61,14 @@ TRAININGRUNTIME = Resource(
 CLUSTERTRAININGRUNTIME = Resource(
     "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime"
 )
+# Read only, by preflight: whether MultiKueue is in use here at all (issue 29, trap 3).
+MULTIKUEUECONFIG = Resource("kueue.x-k8s.io", "v1beta2", "multikueueconfigs", "MultiKueueConfig")
+# Read only, by preflight: the TrainJob CRD, whose schema tells a Trainer that honours
+# spec.managedBy (v2.3 and later) from one that ignores it (v2.2 and earlier).
+CRD = Resource(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition"
+)
+TRAINJOB_CRD_NAME = f"{TRAINJOB.plural}.{TRAINJOB.group}"
 # Read only, by the readmission gate on a MultiKueue manager cluster: the worker clusters
 # MultiKueue may have dispatched a job to, and (through their kubeconfig Secrets) the
 # pods it runs there.
@@ -184,6 +192,21 @@ KUEUE_DEACTIVATED_DUE_TO_PREFIX = "DeactivatedDueTo"
 DEACTIVATED_REASON = "Deactivated"
 DEACTIVATION_TARGET_CONDITION = "DeactivationTarget"
 EVICTED_CONDITION = "Evicted"
+# Kueue sets Requeued=False with the Evicted condition's reason when it evicts. Kueue up
+# to v0.19 turns it True again on reactivation only when that reason is exactly
+# "Deactivated"; after its own deactivation ("DeactivatedDueTo<Cause>") it stays False, and
+# a False Requeued keeps the Workload out of its queue for good (kueue issue 14870, fixed
+# in v0.20): a job released after Kueue's own deactivation never runs again.
+REQUEUED_CONDITION = "Requeued"
+
+# Kueue's FailureRecoveryPolicy (alpha feature gate): a pod carrying this annotation with
+# value "true", Terminating on an unreachable node for a minute, is force-deleted by
+# Kueue, though the lost node may still run it.
+SAFE_TO_FORCEFULLY_DELETE_ANNOTATION = "kueue.x-k8s.io/safe-to-forcefully-delete"
+FAILURE_RECOVERY_FEATURE_GATE = "FailureRecoveryPolicy"
+# Where Kueue's own configuration lives in a default install (in Kueue's namespace).
+KUEUE_CONFIG_MAP = "kueue-manager-config"
+KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
 
 # A hold instance is an integer in [1, MAX_HOLD_INSTANCE]: Kubernetes' int64, so any
 # program that stores or compares it as a 64-bit integer (Go, CEL, a database column) agrees

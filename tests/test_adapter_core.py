@@ -49,7 +49,7 @@ from adapter.steps import (
     WatchFeed,
     WatchView,
 )
-from adapter.types import CallMeta, Capability, PreflightResult, Ref
+from adapter.types import CallMeta, Capability, PreflightResult, Ref, ReleaseResult
 from holdwarden.config import Config
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -630,7 +630,7 @@ def test_a_plain_release_retried_after_a_status_write_lists_the_pods_once() -> N
             WatchView(True, "MODIFIED", held_opened("7"), None),
         ),
     )
-    assert steps[-1] is None, steps[-1]
+    assert isinstance(steps[-1], ReleaseResult), steps[-1]
     # One pod check, after the first read; the retries write at once on the watch's state.
     assert len(pod_lists(steps)) == 1
     assert steps.index(pod_lists(steps)[0]) < steps.index(sends(steps, "PATCH")[0])
@@ -654,7 +654,7 @@ def test_a_pod_check_carries_over_to_a_retry_that_reads_with_a_get() -> None:
         plain_release_answers([conflict(), None], held_opened("5")),
         lambda step: ApiStatusError(403, "Forbidden", "{}"),  # retries read with GETs
     )
-    assert steps[-1] is None, steps[-1]
+    assert isinstance(steps[-1], ReleaseResult), steps[-1]
     assert len(pod_lists(steps)) == 1  # the same read both times: carried over
 
 
@@ -686,7 +686,7 @@ def test_a_plain_release_lists_the_pods_again_unless_the_trainjob_stayed_suspend
         core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         plain_release_answers([conflict(), None], held_opened("5"), retry_read),
     )
-    assert steps[-1] is None, (why, steps[-1])
+    assert isinstance(steps[-1], ReleaseResult), (why, steps[-1])
     assert len(pod_lists(steps)) == 2, why
     # Each pod check lies between the read it follows and the write decided on that read.
     # (The watch is refused here: the retry reads with a GET.)

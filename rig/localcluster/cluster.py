@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes import client as k8s
 
 from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
+from rig.builders import DEFAULT_RUNTIME
 from rig.localcluster.binaries import Binaries, ensure_binaries
 from rig.localcluster.ports import free_port
 from rig.localcluster.rbac import IDENTITY_RBAC
@@ -265,6 +266,8 @@ class LocalCluster:
             self._phase("ready", self._wait_ready)
             self._phase("crds", lambda: self._install_crds(crd_dir))
             self._phase("rbac", self._install_rbac)
+            if "trainer" not in self._controller_names:
+                self._phase("runtime", self._install_runtime)
             if self._controller_names:
                 self._phase("controllers", self._start_controllers)
             if self.node_count:
@@ -536,6 +539,21 @@ class LocalCluster:
                 raise ControlPlaneError(f"CRDs not Established after 30s: {sorted(pending)}")
             # Discovery and the CRD handler catch up a moment after Established.
             self._wait_served(api)
+
+    def _install_runtime(self) -> None:
+        """The ClusterTrainingRuntime the TrainJobs name (``DEFAULT_RUNTIME``), where no real
+        Trainer installs its own: Trainer refuses every update of a TrainJob whose runtime is
+        gone, and a Kueue-mode Release checks that it exists (docs/adapter.md, "Traps")."""
+        body = {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": DEFAULT_RUNTIME},
+            "spec": {"template": {"spec": {"replicatedJobs": []}}},
+        }
+        with self.api_client() as api:
+            self._raw(
+                api, "POST", "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes", body
+            )
 
     def _raw(self, api: k8s.ApiClient, method: str, path: str, body: Any = None) -> Any:
         response = api.call_api(

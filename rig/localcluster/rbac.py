@@ -84,9 +84,15 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
             Rule((_KUEUE,), ("workloads",), ("get", "list", "watch", "create", "update", "patch")),
             Rule(("",), ("pods",), _READ),
             # Preflight reads: the runtime a probe TrainJob names, and whether the
-            # namespace's queues run the readmission gate.
-            Rule((_TRAINER,), ("trainingruntimes", "clustertrainingruntimes"), ("list",)),
+            # namespace's queues run the readmission gate. get on runtimes: a Kueue-mode
+            # Release checks the TrainJob's runtime exists (issue 29).
+            Rule((_TRAINER,), ("trainingruntimes", "clustertrainingruntimes"), ("get", "list")),
             Rule((_KUEUE,), ("localqueues", "clusterqueues", "admissionchecks"), ("get", "list")),
+            # Preflight's trap probes (issue 29): whether MultiKueue is in use, Trainer's
+            # TrainJob CRD (does it honour managedBy?) and Kueue's configuration.
+            Rule((_KUEUE,), ("multikueueclusters", "multikueueconfigs"), ("list",)),
+            Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("get",)),
+            Rule(("",), ("configmaps",), ("get",)),
             # Where Kueue manages jobs without a queue name, Start and preflight read the
             # namespace's labels (kueue.managedJobsNamespaceSelector decides).
             Rule(("",), ("namespaces",), ("get",)),
