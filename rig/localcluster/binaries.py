@@ -225,9 +225,24 @@ ETCD = Component(
 KWOK = Component(
     "kwok", "kwok", "v0.8.0", "sigs.k8s.io/kwok/cmd/kwok", "kwok", "-s -w",
 )  # fmt: skip
+# A real node on request (LocalCluster(pods=True)): kubelet and kube-proxy, from the same
+# k8s.io/kubernetes module as kube-controller-manager (one folder for both, so they share
+# one go.sum; each binary still has its own cache folder).
+KUBELET = Component(
+    "kubelet", "kubelet", KUBERNETES_VERSION,
+    "k8s.io/kubernetes/cmd/kubelet", "node", _kubernetes_ldflags(),
+)  # fmt: skip
+KUBE_PROXY = Component(
+    "kube-proxy", "kube-proxy", KUBERNETES_VERSION,
+    "k8s.io/kubernetes/cmd/kube-proxy", "node", _kubernetes_ldflags(),
+)  # fmt: skip
 COMPONENTS: dict[str, Component] = {
-    c.name: c for c in (KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK)
-}
+    c.name: c
+    for c in (
+        KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK, KUBELET,
+        KUBE_PROXY,
+    )
+}  # fmt: skip
 
 
 def _module_source(component: Component) -> Traversable:
