@@ -315,8 +315,8 @@ def ensure_binaries() -> Binaries:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build (once) kube-apiserver; with ``--controllers`` (``make binaries``) also the
-    real controllers that tests/real runs (about 18 minutes of builds on 2 cores when the
-    cache is cold)."""
+    real controllers that tests/real runs, and kubelet and kube-proxy for tests/pods
+    (about 18 minutes of builds on 2 cores when the cache is cold)."""
     args = list(sys.argv[1:] if argv is None else argv)
     unknown = [a for a in args if a != "--controllers"]
     if unknown:

@@ -316,16 +316,15 @@ class LocalCluster:
                 process.kill()
                 process.wait()
         self._processes.clear()
-        if self.node is not None:
-            self.node.cleanup()
-            self.node = None
         if self._link is not None:
-            from rig.localcluster.realnode import delete_link, unmount_under
+            # The node's leftovers: containers, shims, mounts, network namespaces, link.
+            from rig.localcluster.realnode import reap_node
 
+            pod_netns = self.node.pod_netns if self.node is not None else set()
             if self._workdir is not None:
-                unmount_under(self._workdir)
-            delete_link(self._link)
+                reap_node(self._workdir / "node", self._link.netns, self._link.host_if, pod_netns)
             self._link = None
+        self.node = None
         if self._owns_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -381,6 +380,19 @@ class LocalCluster:
 
     # -- internals -------------------------------------------------------------------
 
+    def rss_kib(self) -> dict[str, int]:
+        """Current RSS (KiB) of every process this cluster started, by name, and with a
+        real node its containerd shims."""
+        out: dict[str, int] = {}
+        for name, process in self._processes:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        out[name] = int(line.split()[1])
+        if self.node is not None:
+            out.update({k: v for k, v in self.node.rss_kib().items() if k not in out})
+        return out
+
     def import_image(self, archive: Path) -> list[str]:
         """Import an image archive (OCI or Docker layout, e.g. from ``buildah push
         oci-archive:`` or ``docker save``) into the real node's containerd, where the
@@ -394,6 +406,8 @@ class LocalCluster:
 
         sweep_stale_nodes()
         self._link = create_link()
+        if self._reaper is not None:
+            self._reaper.announce_node(self._link.netns, self._link.host_if, self.workdir / "node")
 
     def _start_real_node(self) -> None:
         from rig.localcluster.nodes import start_scheduler

@@ -105,7 +105,7 @@ def image_archive(image: NodeImage, binary: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def build_image(image: NodeImage, log: bool = True) -> Path:
+def build_image(image: NodeImage) -> Path:
     """The image's archive in the cache, its program built first if needed (once)."""
     folder = cache_dir() / f"image-{image.program}-{_source_digest(image.program)}"
     archive = folder / f"{image.program}.tar"
@@ -119,7 +119,7 @@ def build_image(image: NodeImage, log: bool = True) -> Path:
         "-s -w",
         f"the {image.program} image's program",
         "-mod=readonly",
-        log,
+        False,  # the standard library only: a second or two, nothing to announce
         missing_go_hint="install Go to build the real node's images",
     )
     partial = archive.with_suffix(".partial")

@@ -53,6 +53,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from rig.localcluster.cluster import LocalCluster
 
 NODE_NAME = "holdwarden-node"
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
 NETNS_DIR = Path("/run/netns")
 NETNS_PREFIX = "holdwarden-"
 CRI_NAMESPACE = "k8s.io"
@@ -230,9 +232,50 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
+def _runc_leftovers(root: Path) -> tuple[list[int], set[str]]:
+    """From runc's state files under the node's runc root: each container's init pid and
+    the Pods' network namespaces (cni-*) they joined."""
+    pids: list[int] = []
+    netns: set[str] = set()
+    for state_file in (root / "containerd" / "runc").glob("*/*/state.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            state = json.loads(state_file.read_text())
+            if state.get("init_process_pid"):
+                pids.append(int(state["init_process_pid"]))
+            for space in state["config"]["namespaces"] or []:
+                path = space.get("path") or ""
+                if space.get("type") == "NEWNET" and "/netns/cni-" in path:
+                    netns.add(Path(path).name)
+    return pids, netns
+
+
+def reap_node(root: Path, netns: str, host_if: str, pod_netns: Iterable[str] = ()) -> None:
+    """Remove what a node leaves once its processes are stopped or killed: containers
+    still running (runc's state), this run's shims, mounts under ``root``, the Pods'
+    network namespaces, the node's namespace and link. Idempotent; used by ``stop``, by
+    the reaper when the owner died, and by ``sweep_stale_nodes``."""
+    inits, from_state = _runc_leftovers(root)
+    for pid in [*inits, *_processes_naming(str(root / "containerd" / "containerd.sock"))]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    unmount_under(root)
+    # The kubelet links each container's log into /var/log/containers (a fixed path, not
+    # under podLogsDir); this run's links point into its directory.
+    with contextlib.suppress(OSError):
+        for entry in CONTAINER_LOG_LINKS.iterdir():
+            with contextlib.suppress(OSError):
+                if entry.is_symlink() and os.readlink(entry).startswith(f"{root}/"):
+                    entry.unlink()
+    for name in sorted({*pod_netns, *from_state}):
+        if (NETNS_DIR / name).exists():
+            _run(["ip", "netns", "delete", name], check=False)
+    delete_link(Link(netns, host_if, "", ""))
+    Path(f"/run/holdwarden-node-{netns}").unlink(missing_ok=True)
+
+
 def sweep_stale_nodes() -> list[str]:
-    """Remove the namespaces, shims and mounts of runs whose owner process is dead."""
-    removed = []
+    """Reap the nodes of runs whose owner process is dead (its reaper killed too)."""
+    removed: list[str] = []
     if not NETNS_DIR.is_dir():
         return removed
     for entry in NETNS_DIR.iterdir():
@@ -240,14 +283,10 @@ def sweep_stale_nodes() -> list[str]:
         if match is None or _alive(int(match.group(1))):
             continue
         marker = Path(f"/run/holdwarden-node-{entry.name}")
-        workdir = Path(marker.read_text().strip()) if marker.is_file() else None
-        if workdir is not None:
-            for pid in _processes_naming(str(workdir)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            unmount_under(workdir)
-        marker.unlink(missing_ok=True)
-        delete_link(Link(entry.name, f"hw{match.group(2)}h", "", ""))
+        if marker.is_file():
+            reap_node(Path(marker.read_text().strip()), entry.name, f"hw{match.group(2)}h")
+        else:
+            delete_link(Link(entry.name, f"hw{match.group(2)}h", "", ""))
         removed.append(entry.name)
     return removed
 
@@ -278,7 +317,7 @@ class RealNode:
         self.pids: dict[str, int] = {}
         self.phase_seconds: dict[str, float] = {}
         self._marker = Path(f"/run/holdwarden-node-{link.netns}")
-        self._pod_netns: set[str] = set()
+        self.pod_netns: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -311,7 +350,7 @@ class RealNode:
                     for space in json.loads(info)["Spec"]["linux"]["namespaces"]:
                         path = space.get("path", "")
                         if space.get("type") == "network" and "/netns/cni-" in path:
-                            self._pod_netns.add(Path(path).name)
+                            self.pod_netns.add(Path(path).name)
             tasks = _run([*ctr, "tasks", "ls", "-q"], check=False, timeout=15).split()
             for task in tasks:
                 _run([*ctr, "tasks", "kill", "-s", "SIGKILL", task], check=False, timeout=15)
@@ -319,18 +358,6 @@ class RealNode:
                 _run([*ctr, "tasks", "delete", "-f", task], check=False, timeout=15)
             for container in _run([*ctr, "containers", "ls", "-q"], check=False).split():
                 _run([*ctr, "containers", "delete", container], check=False, timeout=15)
-
-    def cleanup(self) -> None:
-        """After the processes: shims of this run, mounts, the namespace and its link."""
-        for pid in _processes_naming(str(self.socket)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        unmount_under(self.root)
-        for name in sorted(self._pod_netns):
-            if (NETNS_DIR / name).exists():
-                _run(["ip", "netns", "delete", name], check=False)
-        delete_link(self.link)
-        self._marker.unlink(missing_ok=True)
 
     # -- images ------------------------------------------------------------------------
 

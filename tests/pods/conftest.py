@@ -32,20 +32,21 @@ def pods_cluster() -> Iterator[LocalCluster]:
     try:
         yield local
     finally:
-        if local.node is not None:
-            rss = local.node.rss_kib()
-            if local.controllers is not None:
-                rss.update({k: v[0] for k, v in local.controllers.rss_kib().items()})
-            _REPORT.append(
-                "real node: RSS "
-                + ", ".join(f"{name} {kib / 1024:.0f} MiB" for name, kib in sorted(rss.items()))
-            )
         local.stop()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in _REPORT:
         terminalreporter.write_line(line)
+
+
+def report_rss(cluster: LocalCluster, when: str) -> None:
+    """Print (in the summary) every component's RSS now."""
+    rss = cluster.rss_kib()
+    _REPORT.append(
+        f"real node: RSS {when}: "
+        + ", ".join(f"{name} {kib / 1024:.0f} MiB" for name, kib in sorted(rss.items()))
+    )
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ inside a Pod, a clean deletion, and a stop that leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from kubernetes import client as k8s
 from rig.localcluster import LocalCluster
 from rig.localcluster.images import HELLO_IMAGE, PAUSE_IMAGE, build_image
 from rig.localcluster.realnode import NETNS_DIR
+from tests.pods.conftest import report_rss
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 
@@ -80,6 +82,7 @@ def test_pod_runs_on_the_real_node_and_is_deleted(
         assert pod.status.pod_ip.startswith("10.244.0."), pod.status.pod_ip
         (status,) = pod.status.container_statuses
         assert status.ready and status.container_id.startswith("containerd://")
+        report_rss(pods_cluster, "one Pod running")
         # A graceful deletion: the kubelet stops the container and confirms it.
         core.delete_namespaced_pod("sleeper", pods_namespace)
         _wait_for(
@@ -143,6 +146,13 @@ def test_stop_leaves_nothing_behind() -> None:
     assert not Path(f"/sys/class/net/{link.host_if}").exists()
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(root) not in mounts
+    links = Path("/var/log/containers")
+    ours = (
+        [e for e in links.iterdir() if e.is_symlink() and str(root) in os.readlink(e)]
+        if links.is_dir()
+        else []
+    )
+    assert ours == []
     shims = [
         entry.name
         for entry in Path("/proc").iterdir()
