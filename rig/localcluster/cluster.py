@@ -261,6 +261,12 @@ class LocalCluster:
             from rig.localcluster.controllers import upstream_crd_dir
 
             crd_dir, self.crd_kind = upstream_crd_dir(), "upstream (Go modules)"
+        if self.pods:
+            # Before the stale working directories go: a dead run's node is reaped from
+            # what its directory still holds (runc's state: which containers to kill).
+            from rig.localcluster.realnode import sweep_stale_nodes
+
+            sweep_stale_nodes()
         if self._requested_workdir is not None:
             self._workdir = self._requested_workdir
             self._workdir.mkdir(parents=True, exist_ok=True)
@@ -402,9 +408,8 @@ class LocalCluster:
         return self.node.import_image(archive)
 
     def _create_link(self) -> None:
-        from rig.localcluster.realnode import create_link, sweep_stale_nodes
+        from rig.localcluster.realnode import create_link
 
-        sweep_stale_nodes()
         self._link = create_link()
         if self._reaper is not None:
             self._reaper.announce_node(self._link.netns, self._link.host_if, self.workdir / "node")

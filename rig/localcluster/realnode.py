@@ -31,12 +31,17 @@
 
 Invariants: ``start`` returns when the node is Ready and schedulable and kube-proxy has
 synced its rules (its healthz answers 200), or raises ``ControlPlaneError`` with the
-log tails of containerd, kubelet and kube-proxy. ``stop`` (called by
-``LocalCluster.stop``) deletes every Pod sandbox and container through the CRI's
-namespace in containerd, then, once the processes are gone, unmounts everything under the
-node's directory and deletes the network namespace (the veth pair goes with it). A run
-whose owner was killed leaves a namespace and perhaps shims and mounts behind:
-``sweep_stale_nodes`` (at the next start) removes those whose owner pid is dead.
+log tails of containerd, kubelet and kube-proxy. ``LocalCluster.stop`` first kills and
+deletes every container through containerd's ``k8s.io`` namespace (``drain``, noting the
+Pods' network namespaces), stops the processes, then ``reap_node`` removes the rest:
+containers left in runc's state, this run's shims, every mount under the node's
+directory, the Pods' ``cni-*`` namespaces, the kubelet's ``/var/log/containers`` links
+into the run, and the node's namespace (the veth pair goes with it). A killed owner's
+reaper calls ``reap_node`` too (``Reaper.announce_node``); a run whose reaper died as
+well is reaped by the next start (``sweep_stale_nodes``: a namespace named for a dead
+owner pid, its directory read from ``/run/holdwarden-node-<namespace>``).
+Needs root (network namespaces, mounts, iptables) and ``ip``/``nsenter`` (iproute2,
+util-linux).
 """
 
 from __future__ import annotations
@@ -595,12 +600,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     # -- measurements ------------------------------------------------------------------
 
     def rss_kib(self) -> dict[str, int]:
-        """Current RSS (KiB) of containerd, kubelet, kube-proxy and this run's shims."""
+        """Current RSS (KiB) of containerd, kubelet, kube-proxy, this run's shims and its
+        containers' first processes."""
         out: dict[str, int] = {}
         pids = dict(self.pids)
         shims = [p for p in _processes_naming(str(self.socket)) if p not in self.pids.values()]
         for index, pid in enumerate(shims):
             pids[f"containerd-shim {index}"] = pid
+        # Each container's first process (the sandbox's pause, the Pods' programs).
+        for index, pid in enumerate(sorted(_runc_leftovers(self.root)[0])):
+            pids[f"container {index}"] = pid
         for name, pid in pids.items():
             with contextlib.suppress(OSError, ValueError):
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
