@@ -4,6 +4,8 @@ inside a Pod, a clean deletion, and a stop that leaves nothing behind."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -159,6 +161,42 @@ def test_stop_leaves_nothing_behind() -> None:
         if entry.name.isdigit() and _cmdline(entry).find(socket) >= 0
     ]
     assert shims == []
+
+
+def test_killed_owner_leaves_nothing_behind() -> None:
+    """The owner of a cluster with a running Pod is killed (SIGKILL): its reaper kills the
+    processes, reaps the node (container, shim, mounts, namespaces) and removes the
+    directory."""
+    before = _pod_netns()
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "tests.pods.node_owner"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        line = owner.stdout.readline()  # bounded: the owner exits within 120 s of no Pod
+        assert line.startswith("RUNNING "), f"the owner ended: {line!r}, exit {owner.poll()}"
+        _, workdir, netns = line.split()
+        running = _pod_netns()
+        assert running - before
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 60
+    while True:
+        left = {
+            "workdir": Path(workdir).exists(),
+            "netns": (NETNS_DIR / netns).exists(),
+            "pod netns": not _pod_netns() <= before,
+            "mounts": workdir in Path("/proc/self/mountinfo").read_text(),
+            "processes": any(
+                workdir in _cmdline(e) for e in Path("/proc").iterdir() if e.name.isdigit()
+            ),
+        }
+        if not any(left.values()):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"left behind 60 s after the owner's death: {left}")
+        time.sleep(0.5)
 
 
 def _pod_netns() -> set[str]:
