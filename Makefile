@@ -23,7 +23,7 @@ PYTHONS_TESTS := tests/test_webhook_review.py tests/test_webhook_rules.py \
 	tests/test_audit_rotation.py tests/test_adapter_kube.py tests/test_adapter_aio.py \
 	--deselect tests/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
 
-.PHONY: test test-real test-pythons demo lint typecheck unit binaries bench clean lock image
+.PHONY: test test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
 
 # $(call make_venv,INTERPRETER,VENV): the project with its dev dependencies in VENV.
 define make_venv
@@ -44,12 +44,18 @@ $(VENV)-%/.installed-stamp: pyproject.toml
 	@rig/find-python $* >/dev/null
 	$(call make_venv,"$$(rig/find-python $*)",$(VENV)-$*)
 
-binaries: $(STAMP)
+binaries: $(STAMP) node-packages
 	# kube-apiserver, and the real Kueue, Trainer, JobSet and kube-controller-manager that
-	# tests/real runs (about 16 minutes of builds cold on two cores; cached after).
+	# tests/real runs, kube-scheduler and kwok for its nodes, and kubelet and kube-proxy
+	# for tests/pods' real node (about 18 minutes of builds cold on two cores; cached after).
 	$(PY) -m rig.localcluster --controllers
 	# Helm and kustomize for the manifest tests (tests/test_chart.py, ...), built once.
 	$(PY) -m tests.tool_binaries
+
+# The Debian packages of tests/pods' real node (containerd, runc, CNI plugins, iptables,
+# conntrack): apt-get, non-interactive, only those missing (rig/localcluster/hostpackages.py).
+node-packages: $(STAMP)
+	$(PY) -m rig.localcluster.hostpackages
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -87,6 +93,10 @@ test-pythons: $(foreach v,$(OTHER_PYTHONS),$(VENV)-$(v)/.installed-stamp)
 # (tests/real; `make test` runs it too).
 test-real: binaries
 	$(VENV)/bin/pytest -q tests/real
+
+# Only the real node's suite: Pods on containerd, kubelet and kube-proxy (tests/pods).
+test-pods: binaries
+	$(VENV)/bin/pytest -q tests/pods
 
 demo: binaries
 	$(VENV)/bin/holdwarden demo

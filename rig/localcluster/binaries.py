@@ -225,9 +225,24 @@ ETCD = Component(
 KWOK = Component(
     "kwok", "kwok", "v0.8.0", "sigs.k8s.io/kwok/cmd/kwok", "kwok", "-s -w",
 )  # fmt: skip
+# A real node on request (LocalCluster(pods=True)): kubelet and kube-proxy, from the same
+# k8s.io/kubernetes module as kube-controller-manager (one folder for both, so they share
+# one go.sum; each binary still has its own cache folder).
+KUBELET = Component(
+    "kubelet", "kubelet", KUBERNETES_VERSION,
+    "k8s.io/kubernetes/cmd/kubelet", "node", _kubernetes_ldflags(),
+)  # fmt: skip
+KUBE_PROXY = Component(
+    "kube-proxy", "kube-proxy", KUBERNETES_VERSION,
+    "k8s.io/kubernetes/cmd/kube-proxy", "node", _kubernetes_ldflags(),
+)  # fmt: skip
 COMPONENTS: dict[str, Component] = {
-    c.name: c for c in (KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK)
-}
+    c.name: c
+    for c in (
+        KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK, KUBELET,
+        KUBE_PROXY,
+    )
+}  # fmt: skip
 
 
 def _module_source(component: Component) -> Traversable:
@@ -300,8 +315,8 @@ def ensure_binaries() -> Binaries:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build (once) kube-apiserver; with ``--controllers`` (``make binaries``) also the
-    real controllers that tests/real runs (about 18 minutes of builds on 2 cores when the
-    cache is cold)."""
+    real controllers that tests/real runs, and kubelet and kube-proxy for tests/pods
+    (about 18 minutes of builds on 2 cores when the cache is cold)."""
     args = list(sys.argv[1:] if argv is None else argv)
     unknown = [a for a in args if a != "--controllers"]
     if unknown:

@@ -51,6 +51,7 @@ from rig.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stal
 if TYPE_CHECKING:
     from rig.localcluster.controllers import RealControllers
     from rig.localcluster.nodes import Nodes
+    from rig.localcluster.realnode import Link, RealNode
 
 # With nodes: how long a pod tolerates its node being not-ready or unreachable before the
 # taint-eviction controller deletes it (DefaultTolerationSeconds; production: 300 s).
@@ -135,7 +136,7 @@ def find_crd_dir() -> tuple[Path, str]:
     )
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(netns: Path | None = None) -> None:
     # PR_SET_PDEATHSIG = 1: the kernel signals the child when the parent dies. SIGKILL, not
     # SIGTERM: etcd and kube-apiserver get it at the same moment, and a SIGTERMed apiserver
     # starts a graceful shutdown that waits for the dead etcd and never ends. Test data
@@ -143,6 +144,10 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     os.setpgrp()
+    if netns is not None:
+        from rig.localcluster.realnode import enter_netns
+
+        enter_netns(netns)
 
 
 class LocalCluster:
@@ -156,7 +161,19 @@ class LocalCluster:
         controllers: Sequence[str] = (),
         nodes: int = 0,
         kueue_settings: Mapping[str, Any] | None = None,
+        pods: bool = False,
     ) -> None:
+        if pods and nodes:
+            raise ValueError("pods=True (a real node) and nodes= (kwok nodes) do not mix")
+        if pods and "kube-controller-manager" not in controllers:
+            # A real node needs the ordinary controllers (service-account tokens, the
+            # root CA's ConfigMap, the node lifecycle that lifts the not-ready taint).
+            controllers = ("kube-controller-manager", *controllers)
+        # A real node (rig/localcluster/realnode.py): containerd, kubelet, kube-proxy and
+        # kube-scheduler; Pods really run.
+        self.pods = pods
+        self.node: RealNode | None = None
+        self._link: Link | None = None
         if nodes and "kube-controller-manager" not in controllers:
             # Only its node-lifecycle controller lifts the not-ready taint every new node
             # gets: without it nothing is ever scheduled.
@@ -245,6 +262,12 @@ class LocalCluster:
             from rig.localcluster.controllers import upstream_crd_dir
 
             crd_dir, self.crd_kind = upstream_crd_dir(), "upstream (Go modules)"
+        if self.pods:
+            # Before the stale working directories go: a dead run's node is reaped from
+            # what its directory still holds (runc's state: which containers to kill).
+            from rig.localcluster.realnode import sweep_stale_nodes
+
+            sweep_stale_nodes()
         if self._requested_workdir is not None:
             self._workdir = self._requested_workdir
             self._workdir.mkdir(parents=True, exist_ok=True)
@@ -260,6 +283,8 @@ class LocalCluster:
             (self._workdir / OWNER_FILE).write_text(f"{os.getpid()}\n")
         self._reaper = Reaper(self._workdir, remove_dir=self._owns_workdir)
         try:
+            if self.pods:
+                self._phase("node network", self._create_link)
             self._phase("credentials", self._write_credentials)
             self._phase("etcd", lambda: self._start_etcd(binaries.etcd))
             self._phase("apiserver", lambda: self._start_apiserver(binaries.kube_apiserver))
@@ -272,6 +297,8 @@ class LocalCluster:
                 self._phase("controllers", self._start_controllers)
             if self.node_count:
                 self._phase("nodes", self._start_nodes)
+            if self.pods:
+                self._phase("real node", self._start_real_node)
         except BaseException:
             self.stop()
             raise
@@ -283,6 +310,9 @@ class LocalCluster:
         self.phase_seconds[name] = time.monotonic() - began
 
     def stop(self) -> None:
+        if self.node is not None:
+            # Containers first, through containerd, while it still runs.
+            self.node.drain()
         for _name, process in reversed(self._processes):
             if process.poll() is None:
                 process.terminate()
@@ -295,6 +325,15 @@ class LocalCluster:
                 process.kill()
                 process.wait()
         self._processes.clear()
+        if self._link is not None:
+            # The node's leftovers: containers, shims, mounts, network namespaces, link.
+            from rig.localcluster.realnode import reap_node
+
+            pod_netns = self.node.pod_netns if self.node is not None else set()
+            if self._workdir is not None:
+                reap_node(self._workdir / "node", self._link.netns, self._link.host_if, pod_netns)
+            self._link = None
+        self.node = None
         if self._owns_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -337,18 +376,73 @@ class LocalCluster:
             core.create_namespace(
                 k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=labels or {}))
             )
-            core.create_namespaced_service_account(
-                name, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default"))
-            )
+            try:
+                core.create_namespaced_service_account(
+                    name, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default"))
+                )
+            except k8s.ApiException as exc:
+                # With kube-controller-manager's ordinary controllers (pods=True), its
+                # service-account controller may have made it first.
+                if exc.status != 409:
+                    raise
         return name
 
     # -- internals -------------------------------------------------------------------
 
+    def rss_kib(self) -> dict[str, int]:
+        """Current RSS (KiB) of every process this cluster started, by name, and with a
+        real node its containerd shims."""
+        out: dict[str, int] = {}
+        for name, process in self._processes:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        out[name] = int(line.split()[1])
+        if self.node is not None:
+            out.update({k: v for k, v in self.node.rss_kib().items() if k not in out})
+        return out
+
+    def import_image(self, archive: Path) -> list[str]:
+        """Import an image archive (OCI or Docker layout, e.g. from ``buildah push
+        oci-archive:`` or ``docker save``) into the real node's containerd, where the
+        kubelet finds it (use ``imagePullPolicy: Never`` or ``IfNotPresent``): its names."""
+        if self.node is None:
+            raise ControlPlaneError("import_image needs a real node: LocalCluster(pods=True)")
+        return self.node.import_image(archive)
+
+    def _create_link(self) -> None:
+        from rig.localcluster.realnode import create_link
+
+        self._link = create_link()
+        if self._reaper is not None:
+            self._reaper.announce_node(self._link.netns, self._link.host_if, self.workdir / "node")
+
+    def _start_real_node(self) -> None:
+        from rig.localcluster.nodes import start_scheduler
+        from rig.localcluster.realnode import RealNode
+
+        assert self._link is not None
+        start_scheduler(self)
+        self.node = RealNode(self, self._link)
+        self.node.start()
+
+    @property
+    def listen_address(self) -> str:
+        """Where the apiserver listens: 127.0.0.1, or with a real node the host's end of
+        the node's link (a Pod cannot reach the host's loopback)."""
+        return self._link.host if self._link is not None else "127.0.0.1"
+
     def _write_credentials(self) -> None:
+        from rig.localcluster.realnode import SERVICE_IP
+
         work = self.workdir
         self.ca = generate_ca(common_name="holdwarden-local-ca")
+        addresses = ["127.0.0.1"]
+        if self._link is not None:
+            # Pods verify the apiserver at the kubernetes Service's cluster IP.
+            addresses += [self._link.host, SERVICE_IP]
         serving = generate_serving(
-            self.ca, "kubernetes", "default", extra_dns=["localhost"], ip_addresses=["127.0.0.1"]
+            self.ca, "kubernetes", "default", extra_dns=["localhost"], ip_addresses=addresses
         )
         admin = generate_client(self.ca, "holdwarden-admin", organizations=["system:masters"])
         files = {
@@ -383,8 +477,14 @@ class LocalCluster:
         self.controllers = start_controllers(self, self._controller_names)
 
     def _spawn(
-        self, name: str, command: list[str], env: dict[str, str] | None = None
+        self,
+        name: str,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        netns: Path | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start ``name``, logging to ``<workdir>/<name>.log``; in the network namespace
+        at ``netns`` when given (the real node's processes)."""
         log = (self.workdir / f"{name}.log").open("wb")
         process = subprocess.Popen(
             command,
@@ -392,7 +492,7 @@ class LocalCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=lambda: _die_with_parent(netns),
         )
         log.close()
         self._processes.append((name, process))
@@ -427,21 +527,32 @@ class LocalCluster:
 
     def _start_apiserver(self, kube_apiserver: Path) -> None:
         port = free_port()
-        self.server_url = f"https://127.0.0.1:{port}"
+        address = self.listen_address
+        self.server_url = f"https://{address}:{port}"
         work = self.workdir
+        node_flags = []
+        if self.pods:
+            node_flags = [
+                # The apiserver calls the kubelet (logs, exec) at the node's InternalIP,
+                # as the admin (the kubelet trusts this run's CA).
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={work / 'admin.crt'}",
+                f"--kubelet-client-key={work / 'admin.key'}",
+            ]
         self._spawn(
             "kube-apiserver",
             [
                 str(kube_apiserver),
                 f"--etcd-servers={self._etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={address}",
+                f"--advertise-address={address}",
                 f"--secure-port={port}",
                 f"--cert-dir={work / 'apiserver-certs'}",
                 f"--tls-cert-file={work / 'serving.crt'}",
                 f"--tls-private-key-file={work / 'serving.key'}",
                 f"--client-ca-file={work / 'ca.crt'}",
-                "--authorization-mode=RBAC",
+                # With a real node, the kubelet is authorized by the node authorizer.
+                "--authorization-mode=Node,RBAC" if self.pods else "--authorization-mode=RBAC",
                 f"--service-account-key-file={work / 'sa.pub'}",
                 f"--service-account-signing-key-file={work / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -451,7 +562,11 @@ class LocalCluster:
                 f"--request-timeout={int(self.request_timeout.total_seconds())}s",
                 # Admission webhooks registered by tests live on 127.0.0.1.
                 "--enable-admission-plugins=ValidatingAdmissionWebhook",
-                "--endpoint-reconciler-type=none",
+                # A loopback address cannot be an endpoint; the real node's link address
+                # can, and kube-proxy carries Pods to it through the kubernetes Service.
+                "--endpoint-reconciler-type=lease"
+                if self.pods
+                else "--endpoint-reconciler-type=none",
                 *(
                     [
                         f"--default-not-ready-toleration-seconds={NODE_TOLERATION_SECONDS}",
@@ -460,6 +575,7 @@ class LocalCluster:
                     if self.node_count
                     else []
                 ),
+                *node_flags,
                 "--v=1",
             ],
         )

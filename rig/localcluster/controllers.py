@@ -810,6 +810,15 @@ class _Setup:
         if self.cluster.node_count:
             controllers += list(NODE_LIFECYCLE_CONTROLLERS)
             lifecycle = [f"--{flag}={value}" for flag, (value, _) in NODE_LIFECYCLE_FLAGS.items()]
+        if self.cluster.pods:
+            # A real node: every ordinary controller (kube-controller-manager's default
+            # set), with what the service-account token and root-CA publisher need.
+            controllers = ["*"]
+            work_root = self.cluster.workdir
+            lifecycle = [
+                f"--root-ca-file={work_root / 'ca.crt'}",
+                f"--service-account-private-key-file={work_root / 'sa.key'}",
+            ]
         self.spawn(
             "kube-controller-manager",
             "system:serviceaccount:kube-system:job-controller",

@@ -255,6 +255,24 @@ def _node_body(name: str, index: int) -> dict[str, Any]:
     }
 
 
+def start_scheduler(cluster: LocalCluster, binary: Path | None = None) -> None:
+    """The real kube-scheduler as ``system:kube-scheduler`` (bootstrap RBAC binds it)."""
+    if binary is None:
+        binary = controller_binaries(("kube-scheduler",))["kube-scheduler"]
+    work = cluster.workdir / "nodes"
+    scheduler_config = _client_kubeconfig(cluster, SCHEDULER_IDENTITY, work / "scheduler")
+    cluster._spawn(
+        "kube-scheduler",
+        [
+            str(binary),
+            f"--kubeconfig={scheduler_config}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--v=1",
+        ],
+    )
+
+
 def start_nodes(cluster: LocalCluster, count: int) -> Nodes:
     """The scheduler and ``count`` kwok nodes (``kwok-0`` ...), all Ready; see the module."""
     from rig.localcluster.controllers import module_root
@@ -263,17 +281,7 @@ def start_nodes(cluster: LocalCluster, count: int) -> Nodes:
     kwok_root = module_root("sigs.k8s.io/kwok", COMPONENTS["kwok"].version)
     stages = tuple(kwok_root / "kustomize" / "stage" / stage for stage in _STAGES)
     work = cluster.workdir / "nodes"
-    scheduler_config = _client_kubeconfig(cluster, SCHEDULER_IDENTITY, work / "scheduler")
-    cluster._spawn(
-        "kube-scheduler",
-        [
-            str(binaries["kube-scheduler"]),
-            f"--kubeconfig={scheduler_config}",
-            "--leader-elect=false",
-            "--secure-port=0",
-            "--v=1",
-        ],
-    )
+    start_scheduler(cluster, binaries["kube-scheduler"])
     kwok_config = _client_kubeconfig(cluster, KWOK_IDENTITY, work / "kwok")
     names = tuple(f"kwok-{i}" for i in range(count))
     with cluster.api_client() as api:

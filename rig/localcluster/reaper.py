@@ -9,6 +9,8 @@ holds open, then SIGKILLs every process group it was told about and deletes the 
 
 Protocol on the reaper's standard input, one line each:
 - ``pid N``: a child the owner started, leader of its own process group;
+- ``node NETNS HOST_IF ROOT``: a real node (realnode.py) whose containers, mounts,
+  network namespaces and link are to be removed (``realnode.reap_node``) after the kill;
 - ``done``: the owner stopped everything itself; exit without touching anything.
 End-of-file without ``done`` means the owner is gone: reap.
 
@@ -57,13 +59,23 @@ def _kill_groups(pids: list[int]) -> None:
 def run(workdir: Path, commands: IO[str], remove_dir: bool = True) -> None:
     """Read the protocol from ``commands`` until ``done`` or end-of-file (then reap)."""
     pids: list[int] = []
+    nodes: list[list[str]] = []
     for line in commands:
         word, _, arg = line.strip().partition(" ")
         if word == "done":
             return
         if word == "pid" and arg.isdigit():
             pids.append(int(arg))
+        if word == "node" and len(arg.split(" ", 2)) == 3:
+            nodes.append(arg.split(" ", 2))
     _kill_groups(pids)
+    if nodes:
+        # Only now: importing the node's module costs a second the common case need not pay.
+        from rig.localcluster.realnode import reap_node
+
+        for netns, host_if, root in nodes:
+            with contextlib.suppress(Exception):
+                reap_node(Path(root), netns, host_if)
     if remove_dir:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -116,6 +128,13 @@ class Reaper:
         assert self._process.stdin is not None
         with contextlib.suppress(BrokenPipeError, ValueError):
             self._process.stdin.write(f"pid {pid}\n")
+            self._process.stdin.flush()
+
+    def announce_node(self, netns: str, host_if: str, root: Path) -> None:
+        """Tell the reaper about a real node to reap after the kill."""
+        assert self._process.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            self._process.stdin.write(f"node {netns} {host_if} {root}\n")
             self._process.stdin.flush()
 
     def dismiss(self) -> None:

@@ -1,0 +1,3 @@
+module holdwarden.local/nodeimages/hello
+
+go 1.26.0

@@ -1,0 +1,3 @@
+module holdwarden.local/nodeimages/pause
+
+go 1.26.0
