@@ -36,11 +36,11 @@ Invariants (``Limits`` holds the numbers, from ``webhook.*``):
     once (``BodyBudget``); a request waits for room, within its body timeout.
   - Each connection reads the socket into a buffer of ``READ_BUFFER`` bytes, not 256 KiB;
     the buffer grows (doubling, up to ``WIDE_READ_BUFFER``) only while every read fills it
-    and aiohttp takes all of it without pausing, and is back to ``READ_BUFFER`` once
-    aiohttp pauses or the request is answered. aiohttp's header limits (``HEADER_LIMITS``)
-    bound what a connection's headers can hold. So the memory of a connection is bounded,
-    and the process's memory is bounded by ``max_connections`` times that plus the body
-    budget.
+    and aiohttp takes all of it without pausing; it is ``READ_BUFFER`` while aiohttp has
+    paused reading (as wide as before once it resumes) and once the request is answered.
+    aiohttp's header limits (``MAX_HEADERS``, ``MAX_FIELD_SIZE``) bound what a connection's
+    headers can hold. So the memory of a connection is bounded, and the process's memory
+    is bounded by ``max_connections`` times that plus the body budget.
   - While draining (``ConnectionGuard.drain``), every answer carries ``Connection: close``.
     A connection that has sent any part of a request (its body still arriving included) is
     not closed before that request is answered, unless its own header or body timeout or
@@ -289,6 +289,7 @@ class TLSConnection(asyncio.BufferedProtocol):
         self._tcp_write_paused = False
         self._buffer = bytearray(READ_BUFFER)
         self._view = memoryview(self._buffer)
+        self._size_before_pause = READ_BUFFER
         self._shutdown_timer: asyncio.TimerHandle | None = None
         self.transport = TLSTransport(self)
         self.conn = _Conn(self, time.monotonic())
@@ -306,6 +307,7 @@ class TLSConnection(asyncio.BufferedProtocol):
 
     def narrow(self) -> None:
         """Back to READ_BUFFER (the request that widened the buffer is answered)."""
+        self._size_before_pause = READ_BUFFER
         self._resize(READ_BUFFER)
 
     def _resize(self, size: int) -> None:
@@ -520,15 +522,18 @@ class TLSConnection(asyncio.BufferedProtocol):
     def pause_reading(self) -> None:
         if self._app_reading:
             self._app_reading = False
-            # aiohttp has as much as it wants: stop reading the socket, and read little at
-            # a time again once it resumes (a body waiting for the budget stays small).
-            self.narrow()
+            # aiohttp has as much as it wants: stop reading the socket, and hold no wide
+            # buffer meanwhile (a body waiting for the budget may wait for seconds).
+            self._size_before_pause = len(self._buffer)
+            self._resize(READ_BUFFER)
             if self._tcp is not None and not self._tcp.is_closing():
                 self._tcp.pause_reading()
 
     def resume_reading(self) -> None:
         if not self._app_reading:
             self._app_reading = True
+            # aiohttp resumes when its handler reads the body: go on as wide as before.
+            self._resize(self._size_before_pause)
             if self._tcp is not None and not self._tcp.is_closing():
                 self._tcp.resume_reading()
             # Records still in the BIO are decrypted on the next turn of the loop, not
