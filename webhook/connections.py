@@ -35,9 +35,10 @@ Invariants (``Limits`` holds the numbers, from ``webhook.*``):
     At most ``max_in_flight_body_bytes`` of bodies are buffered in the whole process at
     once (``BodyBudget``); a request waits for room, within its body timeout.
   - Each connection reads the socket into a buffer of ``READ_BUFFER`` bytes, not 256 KiB;
-    the buffer grows (doubling, up to ``WIDE_READ_BUFFER``) only while every read fills it
-    and aiohttp takes all of it without pausing; it is ``READ_BUFFER`` while aiohttp has
-    paused reading (as wide as before once it resumes) and once the request is answered.
+    the buffer grows (doubling, up to ``WIDE_READ_BUFFER``) only after two reads in a row
+    have filled it and aiohttp has taken all of them without pausing; it is
+    ``READ_BUFFER`` while aiohttp has paused reading (as wide as before once it resumes)
+    and once the request is answered.
     aiohttp's header limits (``MAX_HEADERS``, ``MAX_FIELD_SIZE``) bound what a connection's
     headers can hold. So the memory of a connection is bounded, and the process's memory
     is bounded by ``max_connections`` times that plus the body budget.
@@ -72,10 +73,10 @@ log = logging.getLogger("holdwarden.webhook.connections")
 READ_BUFFER = 32 * 1024
 # While aiohttp takes everything a connection reads without pausing (a request whose body
 # has its room in the body budget: Enforcer._read raises aiohttp's chunk size to the body
-# bound) and each read fills the buffer, the next read's buffer is twice as large, up to
-# this. 32 KiB reads made a 1.5 MB review cost ~1.9x the aiohttp floor's CPU (eight times
-# the socket reads, TLS reads and aiohttp data_received calls). A body waiting for the
-# budget makes aiohttp pause after 32 KiB, so it never gets past 64 KiB.
+# bound) and reads keep filling the buffer, the next read's buffer is twice as large, up
+# to this. 32 KiB reads made a 1.5 MB review cost ~1.9x the aiohttp floor's CPU (eight
+# times the socket reads, TLS reads and aiohttp data_received calls). A body waiting for
+# the budget makes aiohttp pause after 32 KiB, within its second read: it stays at 32 KiB.
 WIDE_READ_BUFFER = 256 * 1024
 # A peer that never takes our close_notify (and the rest of what we wrote) cannot hold its
 # memory for long: the TCP connection is aborted this long after the close began.
@@ -290,6 +291,7 @@ class TLSConnection(asyncio.BufferedProtocol):
         self._buffer = bytearray(READ_BUFFER)
         self._view = memoryview(self._buffer)
         self._size_before_pause = READ_BUFFER
+        self._full_reads = 0  # full reads in a row that aiohttp took without pausing
         self._shutdown_timer: asyncio.TimerHandle | None = None
         self.transport = TLSTransport(self)
         self.conn = _Conn(self, time.monotonic())
@@ -308,6 +310,7 @@ class TLSConnection(asyncio.BufferedProtocol):
     def narrow(self) -> None:
         """Back to READ_BUFFER (the request that widened the buffer is answered)."""
         self._size_before_pause = READ_BUFFER
+        self._full_reads = 0
         self._resize(READ_BUFFER)
 
     def _resize(self, size: int) -> None:
@@ -342,10 +345,18 @@ class TLSConnection(asyncio.BufferedProtocol):
             self._handshake()
         if self._state is _State.OPEN and self._app_reading:
             self._read()
-            # aiohttp took all of a full read without pausing: read more at once next time.
+            # aiohttp took all of two full reads of a body in a row without pausing: read
+            # twice as much at once from now on. One is not enough: a body that waits for
+            # the budget fills aiohttp's 32 KiB after one, and would pull a wide read in.
+            # Headers never widen it: aiohttp buffers them whatever their size (within
+            # its header limits), and the body after them may be one that waits.
             size = len(self._buffer)
-            if nbytes == size and size < WIDE_READ_BUFFER and self._app_reading:
-                self._resize(min(2 * size, WIDE_READ_BUFFER))
+            if nbytes == size and self._app_reading and self.conn.busy:
+                self._full_reads += 1
+                if self._full_reads >= 2 and size < WIDE_READ_BUFFER:
+                    self._resize(min(2 * size, WIDE_READ_BUFFER))
+            else:
+                self._full_reads = 0
 
     def eof_received(self) -> bool:
         # The peer shut its side without a close_notify: nothing more can come, so close
