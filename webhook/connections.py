@@ -454,7 +454,6 @@ class TLSConnection(asyncio.BufferedProtocol):
             if conn.request_since is None:
                 conn.request_since = time.monotonic()
                 conn.quiet_since = None  # the handshake's end may have set it this turn
-                self._guard.candidate()
             if _HEADERS_END in data or _HEADERS_END in conn.tail + data[:3]:
                 conn.tail = b""
                 self._guard.headers_complete(conn)
@@ -726,10 +725,11 @@ class ConnectionGuard:
             )
         while not self.has_room():
             self._room.clear()
-            # Until a connection goes away, idles or becomes a candidate for eviction
-            # (``candidate``), or the earliest candidate becomes evictable; with no
-            # candidate at all, at most the header timeout (by then the sweeper has
-            # closed, or the server answered, whatever held the slots).
+            # Until a connection goes away or idles, or the earliest candidate for
+            # eviction qualifies; with no candidate, at most the header timeout (by then
+            # the sweeper has closed, or the server answered, whatever held the slots).
+            # Not woken when a connection becomes a candidate: taking connections of a
+            # burst the moment they qualify evicted more of those whose client was slow.
             wait = self._next_evictable_in(time.monotonic())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(
@@ -786,13 +786,6 @@ class ConnectionGuard:
     def handshake_done(self, conn: _Conn) -> None:
         if not conn.busy and not conn.closed and conn.request_since is None:
             conn.quiet_since = time.monotonic()
-            self.candidate()
-
-    def candidate(self) -> None:
-        """A connection will be evictable at a known time (its handshake is done, or its
-        request's first bytes came): an accept loop waiting for room re-times its wait,
-        which had no such connection to wait for."""
-        self._made_room()
 
     def headers_complete(self, conn: _Conn) -> None:
         """The request on ``conn`` has its headers: in progress until answered."""
