@@ -2,18 +2,31 @@
 
 On its own, aiohttp keeps a connection open for as long as the client likes (its keep-alive
 timer is an hour), puts no time limit on a request's headers or body, and accepts any
-number of connections. asyncio's TLS layer also gives every connection a 256 KiB receive
-buffer. This module puts bounds on all of that. It works below aiohttp, in the TLS protocol
-of each connection (``GuardedTLSProtocol``), and beside it, in the handlers, which mark when a
-request has its headers and when it has been answered (``ConnectionGuard.begin``/``end``).
+number of connections; asyncio's TLS layer (``loop.create_server(ssl=...)``) gives every
+connection a 256 KiB receive buffer, and has no public way to make it smaller. This module
+puts bounds on all of that, below aiohttp and without its handlers' help:
+
+  - ``GuardedTLSSite`` (an aiohttp ``BaseSite``) accepts TCP connections in a loop of its
+    own, one at a time and only when the guard has room, and hands each to
+    ``loop.connect_accepted_socket`` as a plain TCP connection.
+  - ``TLSConnection`` (an ``asyncio.BufferedProtocol``) does TLS itself with the ``ssl``
+    module's ``SSLObject`` over memory BIOs, the public API meant for this, so it owns the
+    receive buffer, and gives aiohttp an ordinary ``asyncio.Transport`` (``TLSTransport``).
+    It tells the guard when bytes arrive and when a request's headers are complete (the end
+    of the header block in the decrypted stream).
+  - ``ConnectionGuard`` counts, times out, evicts and drains; aiohttp's public
+    ``on_response_prepare`` signal tells it when a request is answered (``answered``).
 
 Invariants (``Limits`` holds the numbers, from ``webhook.*``):
   - At most ``max_connections`` TCP connections are open at once, TLS handshakes included.
-    At the cap, the next connection is accepted only by evicting the connection that has
-    waited longest without a request in progress. If every connection has one, nothing is
-    accepted: the kernel's listen backlog (``LISTEN_BACKLOG``, up to ``somaxconn``) holds
-    the newcomers until a connection is answered or closed, so a burst is queued, not
-    refused. A request in progress is never cut off to make room.
+    At the cap, the next connection is accepted only by evicting one: the connection that
+    has waited longest without a request in progress and has been silent for
+    ``EVICT_QUIET_S``, or one whose request has been sending its headers for
+    ``EVICT_SLOW_HEADERS_S`` without finishing them (a client's headers come in one TLS
+    record; a slowloris trickles them). A connection in its TLS handshake, or whose request
+    has its headers, is never evicted. With nothing to evict, nothing is accepted: the
+    kernel's listen backlog (``LISTEN_BACKLOG``, up to ``somaxconn``) holds the newcomers
+    until a connection is answered or closed, so a burst is queued, not refused.
   - A connection with no request in progress is closed ``idle_timeout`` after its last
     answer if it sends nothing. Once it sends a byte of its next request it has
     ``header_timeout`` to complete the headers. From accept, the TLS handshake and the
@@ -21,10 +34,14 @@ Invariants (``Limits`` holds the numbers, from ``webhook.*``):
   - A request's body must arrive within ``body_timeout`` of its headers (``Enforcer._read``).
     At most ``max_in_flight_body_bytes`` of bodies are buffered in the whole process at
     once (``BodyBudget``); a request waits for room, within its body timeout.
-  - Each connection's receive buffer is ``READ_BUFFER`` bytes, not 256 KiB, and aiohttp's
-    header limits (``HEADER_LIMITS``) bound what a connection's headers can hold. So the
-    memory of a connection is bounded, and the process's memory is bounded by
-    ``max_connections`` times that plus the body budget.
+  - Each connection reads the socket into a buffer of ``READ_BUFFER`` bytes, not 256 KiB;
+    the buffer grows (doubling, up to ``WIDE_READ_BUFFER``) only after two reads in a row
+    have filled it and aiohttp has taken all of them without pausing; it is
+    ``READ_BUFFER`` while aiohttp has paused reading (as wide as before once it resumes)
+    and once the request is answered.
+    aiohttp's header limits (``MAX_HEADERS``, ``MAX_FIELD_SIZE``) bound what a connection's
+    headers can hold. So the memory of a connection is bounded, and the process's memory
+    is bounded by ``max_connections`` times that plus the body budget.
   - While draining (``ConnectionGuard.drain``), every answer carries ``Connection: close``.
     A connection that has sent any part of a request (its body still arriving included) is
     not closed before that request is answered, unless its own header or body timeout or
@@ -36,38 +53,33 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import enum
 import logging
 import socket
 import ssl
 import time
-from asyncio import sslproto
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from holdwarden.config import WebhookConfig
 
 log = logging.getLogger("holdwarden.webhook.connections")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# One TLS record is at most 16 KiB (plus its header and tag); two fit. asyncio's default of
-# 256 KiB per connection is what made 1,000 idle connections cost 343 MB.
+# One TLS record is at most 16 KiB (plus its header and tag); two fit. asyncio's TLS layer
+# reads into 256 KiB per connection, which is what made 1,000 idle connections cost 343 MB.
 READ_BUFFER = 32 * 1024
-# A connection whose request has reserved a body larger than READ_BUFFER in the body budget
-# reads with a buffer of min(body, WIDE_READ_BUFFER) until that body is read, then goes
-# back to READ_BUFFER. 32 KiB reads made a 1.5 MB review cost ~1.9x the aiohttp floor's
-# CPU (eight times the socket reads, TLS reads and aiohttp data_received calls); a wide
-# buffer is never larger than the body it serves, so all wide buffers together stay
-# within webhook.maxInFlightBodyBytes (the process's bound grows by at most that) and the
-# idle-connection bound is unchanged.
+# While aiohttp takes everything a connection reads without pausing (a request whose body
+# has its room in the body budget: Enforcer._read raises aiohttp's chunk size to the body
+# bound) and reads keep filling the buffer, the next read's buffer is twice as large, up
+# to this. 32 KiB reads made a 1.5 MB review cost ~1.9x the aiohttp floor's CPU (eight
+# times the socket reads, TLS reads and aiohttp data_received calls). A body waiting for
+# the budget makes aiohttp pause after 32 KiB, within its second read: it stays at 32 KiB.
 WIDE_READ_BUFFER = 256 * 1024
-# Encrypted bytes asyncio's TLS layer holds for a connection whose reader is paused, before
-# it stops reading the socket; its default (256 KiB) is per connection too.
-TLS_READ_HIGH_WATER = 64 * 1024
-# A peer that never answers our close_notify cannot hold its memory for asyncio's default
-# 30 s.
+# A peer that never takes our close_notify (and the rest of what we wrote) cannot hold its
+# memory for long: the TCP connection is aborted this long after the close began.
 TLS_SHUTDOWN_TIMEOUT = 2.0
 # The kube-apiserver sends fewer than ten headers (Host, User-Agent, Content-Type,
 # Content-Length, Accept, Accept-Encoding, maybe Authorization and traceparent). 16 of at
@@ -84,20 +96,27 @@ PAYLOAD_BUFFER = 16 * 1024
 LINGERING_TIME = 2.0
 # During a drain, a connection counts as idle once it has been answered this long ago.
 # By then aiohttp has written the answer.
-_DRAIN_IDLE_AFTER = 0.5
+DRAIN_IDLE_AFTER = 0.5
 # The kernel queues this many completed handshakes (TCP) the site has not accepted yet; it
 # is capped by net.core.somaxconn (4096 by default since Linux 5.4). At the connection cap
 # this queue is where a burst waits.
 LISTEN_BACKLOG = 4096
-# At the cap, only a connection silent this long (its handshake done, no byte of a request
-# since, or since its last answer) is evicted for a newcomer. A connection in its handshake,
-# or one whose request has just begun to arrive, is never taken: in a burst of new
-# connections, evicting "the longest idle" took exactly those, and 700 of 1,000 reviews
+# At the cap, a connection silent this long (its handshake done, no byte of a request
+# since, or since its last answer) may be evicted for a newcomer. A connection in its
+# handshake, or one whose request has just begun to arrive, is never taken: in a burst of
+# new connections, evicting "the longest idle" took exactly those, and 700 of 1,000 reviews
 # were reset.
 EVICT_QUIET_S = 0.5
+# At the cap, a connection whose request began this long ago and still has not finished
+# its headers may be evicted too. A client sends its headers at once (the kube-apiserver's
+# fit in one TLS record); without this, 300 slowloris connections held every slot until
+# their header timeout and fresh clients' reviews waited behind them (p99 977 ms).
+EVICT_SLOW_HEADERS_S = 0.5
 # TLS 1.2 suites: forward secret (ECDHE) and authenticated encryption (AES-GCM, ChaCha20)
 # only, so no CBC suite. TLS 1.3 suites are all AEAD and are not affected by this string.
 AEAD_TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+# The end of an HTTP/1.1 header block.
+_HEADERS_END = b"\r\n\r\n"
 
 
 @dataclass(frozen=True)
@@ -122,7 +141,7 @@ class Limits:
 
 
 def harden_tls(context: ssl.SSLContext, client_ca_file: str | None) -> None:
-    """AEAD-only TLS 1.2 (TLS 1.3 as it is), and optional mutual TLS.
+    """AEAD-only TLS 1.2 (TLS 1.3 as it is), no renegotiation, and optional mutual TLS.
 
     With ``client_ca_file`` the handshake fails unless the client presents a certificate
     that this CA signed (``webhook.clientCAFile``). The context's certificate can still be
@@ -130,7 +149,11 @@ def harden_tls(context: ssl.SSLContext, client_ca_file: str | None) -> None:
     """
     context.minimum_version = max(context.minimum_version, ssl.TLSVersion.TLSv1_2)
     context.set_ciphers(AEAD_TLS12_CIPHERS)
-    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    # No TLS 1.2 renegotiation: TLSConnection never starts one, and a client's would be a
+    # handshake in the middle of a request, outside every timeout here.
+    context.options |= (
+        ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
+    )
     if client_ca_file:
         context.load_verify_locations(cafile=client_ca_file)
         context.verify_mode = ssl.CERT_REQUIRED
@@ -202,107 +225,428 @@ class _Conn:
     __slots__ = (
         "busy",
         "closed",
-        "handler",
         "quiet_since",
         "reading_since",
+        "request_since",
         "since",
+        "tail",
         "tls",
         "transport",
     )
 
-    def __init__(self, handler: Any, now: float, tls: GuardedTLSProtocol | None = None) -> None:
-        self.handler = handler  # aiohttp's RequestHandler for this connection
-        self.tls = tls  # its TLS protocol, whose read buffer a large body widens
+    def __init__(self, tls: TLSConnection, now: float) -> None:
+        self.tls = tls
         self.transport: asyncio.Transport | None = None  # the TCP transport
         self.since = now  # accepted, or last answered
         # When the first byte of the next request arrived (accept counts: the handshake
         # and the first request share one header timeout); None while silent.
         self.reading_since: float | None = now
-        self.busy = False  # a request has its headers and is not answered yet
+        # When the first decrypted byte of the current request arrived; None until then.
+        self.request_since: float | None = None
+        # The request has its headers (their end was seen) and is not answered yet.
+        self.busy = False
         self.closed = False  # forgotten by the guard: counted out, or never admitted
         # Since when it has been silent with its TLS handshake done (after the handshake,
         # or after its last answer); None during the handshake and once bytes of a request
         # have come. Only a connection silent for EVICT_QUIET_S may be evicted.
         self.quiet_since: float | None = None
+        # The last bytes of a request's headers so far, so that an end of the header block
+        # split across two reads is seen.
+        self.tail = b""
 
 
-class GuardedTLSProtocol(sslproto.SSLProtocol):
-    """asyncio's TLS protocol with a small receive buffer, reporting to a ConnectionGuard.
+class _State(enum.Enum):
+    HANDSHAKE = "handshake"
+    OPEN = "open"  # aiohttp has the connection
+    CLOSING = "closing"  # our close_notify is sent or queued; the TCP close is under way
+    CLOSED = "closed"
 
-    It wraps aiohttp's per-connection protocol the way ``loop.create_server(ssl=...)``
-    would, so aiohttp sees an ordinary TLS transport.
+
+class TLSConnection(asyncio.BufferedProtocol):
+    """The server side of one TLS connection over a plain TCP transport.
+
+    TLS is done with ``ssl.SSLObject`` over two ``ssl.MemoryBIO``: what the socket gives is
+    written into one and decrypted, what aiohttp writes is encrypted into the other and
+    written to the socket. aiohttp sees ``transport`` (a ``TLSTransport``) once the
+    handshake is done, as it would see asyncio's own TLS transport. Owning the receive
+    buffer is what keeps an idle connection at tens of KiB: asyncio's TLS layer allocates
+    256 KiB for each, with no public setting.
     """
 
-    max_size = READ_BUFFER  # SSLProtocol allocates its receive buffer of this size
-
     def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        app_protocol: asyncio.BaseProtocol,
-        context: ssl.SSLContext,
-        guard: ConnectionGuard,
+        self, app: asyncio.BaseProtocol, context: ssl.SSLContext, guard: ConnectionGuard
     ) -> None:
-        super().__init__(
-            loop,
-            app_protocol,
-            context,
-            # No waiter: nobody awaits the handshake (a failed one would otherwise leave
-            # a future whose exception is never retrieved). asyncio accepts None here.
-            None,  # type: ignore[arg-type]
-            server_side=True,
-            ssl_handshake_timeout=guard.limits.header_timeout,  # type: ignore[arg-type]
-            ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
-        )
-        # SSLProtocol's own flow-control setter (no public one before the handshake).
-        self._set_read_buffer_limits(high=TLS_READ_HIGH_WATER)  # type: ignore[attr-defined]
-        self._hw_guard = guard
-        self._hw_conn = _Conn(app_protocol, time.monotonic(), self)
+        self._loop = asyncio.get_running_loop()
+        self._app = app
+        self._context = context
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._guard = guard
+        self._tcp: asyncio.Transport | None = None
+        self._state = _State.HANDSHAKE
+        self._app_connected = False
+        self._app_reading = True  # aiohttp has not paused reading
+        self._tcp_write_paused = False
+        self._buffer = bytearray(READ_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._size_before_pause = READ_BUFFER
+        self._full_reads = 0  # full reads in a row that aiohttp took without pausing
+        self._shutdown_timer: asyncio.TimerHandle | None = None
+        self.transport = TLSTransport(self)
+        self.conn = _Conn(self, time.monotonic())
+
+    # -- what the guard and the tests read --------------------------------------------
 
     @property
     def read_buffer_size(self) -> int:
-        """The size of the buffer the socket is read into, and of each TLS read."""
-        return self.max_size
+        """The size of the buffer the socket is read into (and decrypted into)."""
+        return len(self._buffer)
 
-    def set_read_buffer(self, size: int) -> None:
-        """Read the socket, and decrypt, ``size`` bytes at a time from now on.
+    @property
+    def handshake_done(self) -> bool:
+        return self._state is not _State.HANDSHAKE
 
-        The buffer is replaced between reads (asyncio fills it and hands it over within one
-        callback), so no read is split across the old and the new buffer. The encrypted
-        bytes held while the reader is paused keep their bound (TLS_READ_HIGH_WATER): a
-        wide read may pass it once, and reading then pauses until they are decrypted, so a
-        wide connection costs at most its buffer more than a narrow one.
-        """
-        if size == self.max_size:
-            return
-        # SSLProtocol reads its class attribute max_size and its private buffer; an instance
-        # attribute and a new buffer are its only knobs (asyncio has no public setter).
-        self.max_size = size  # type: ignore[misc]
-        self._ssl_buffer = bytearray(size)
-        self._ssl_buffer_view = memoryview(self._ssl_buffer)
+    def narrow(self) -> None:
+        """Back to READ_BUFFER (the request that widened the buffer is answered)."""
+        self._size_before_pause = READ_BUFFER
+        self._full_reads = 0
+        self._resize(READ_BUFFER)
+
+    def _resize(self, size: int) -> None:
+        # A new buffer, never a resized one: the old one may still be referred to by the
+        # read that called us (aiohttp pauses from within data_received); it is freed
+        # when that is done.
+        if size != len(self._buffer):
+            self._buffer = bytearray(size)
+            self._view = memoryview(self._buffer)
+
+    # -- the TCP side (asyncio.BufferedProtocol) --------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self._hw_conn.transport = transport
-        if not self._hw_guard.admit(self._hw_conn):
+        self._tcp = transport
+        self.conn.transport = transport
+        if not self._guard.admit(self.conn):
+            self._state = _State.CLOSED
             transport.abort()
-            return
-        super().connection_made(transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
-        conn = self._hw_conn
-        if not conn.busy and conn.reading_since is None:
-            conn.reading_since = time.monotonic()
-        conn.quiet_since = None  # bytes came: a request may be on its way
-        super().buffer_updated(nbytes)
+        conn = self.conn
+        if not conn.busy:
+            if conn.reading_since is None:
+                conn.reading_since = time.monotonic()
+            conn.quiet_since = None  # bytes came: a request may be on its way
+        self._incoming.write(self._view[:nbytes])
+        if self._state is _State.HANDSHAKE:
+            self._handshake()
+        if self._state is _State.OPEN and self._app_reading:
+            self._read()
+            # aiohttp took all of two full reads of a body in a row without pausing: read
+            # twice as much at once from now on. One is not enough: a body that waits for
+            # the budget fills aiohttp's 32 KiB after one, and would pull a wide read in.
+            # Headers never widen it: aiohttp buffers them whatever their size (within
+            # its header limits), and the body after them may be one that waits.
+            size = len(self._buffer)
+            if nbytes == size and self._app_reading and self.conn.busy:
+                self._full_reads += 1
+                if self._full_reads >= 2 and size < WIDE_READ_BUFFER:
+                    self._resize(min(2 * size, WIDE_READ_BUFFER))
+            else:
+                self._full_reads = 0
 
-    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
-        super()._on_handshake_complete(handshake_exc)
-        if handshake_exc is None and not self._hw_conn.busy:
-            self._hw_conn.quiet_since = time.monotonic()
+    def eof_received(self) -> bool:
+        # The peer shut its side without a close_notify: nothing more can come, so close
+        # (returning False makes asyncio close the TCP transport).
+        if self._state is _State.OPEN:
+            with contextlib.suppress(Exception):
+                self._app_eof()
+        return False
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._hw_guard.forget(self._hw_conn)
-        super().connection_lost(exc)
+    def pause_writing(self) -> None:
+        self._tcp_write_paused = True
+        if self._app_connected:
+            self._app.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._tcp_write_paused = False
+        if self._app_connected:
+            self._app.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._state = _State.CLOSED
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+            self._shutdown_timer = None
+        self._guard.forget(self.conn)
+        if self._app_connected:
+            self._app_connected = False
+            self._app.connection_lost(exc)
+
+    # -- TLS ----------------------------------------------------------------------------
+
+    def _handshake(self) -> None:
+        try:
+            self._ssl.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush()
+            return
+        except ssl.SSLError as exc:
+            # A client without an acceptable certificate, or no common suite: its alert
+            # goes out, then the connection closes. Clients' mistakes, so not a warning.
+            log.debug("TLS handshake failed: %s", exc)
+            self._flush()
+            self._close_tcp()
+            return
+        self._flush()
+        self._state = _State.OPEN
+        self._guard.handshake_done(self.conn)
+        self._app_connected = True
+        self._app.connection_made(self.transport)
+        if self._tcp_write_paused:
+            self._app.pause_writing()
+
+    def _read(self) -> None:
+        """Decrypt what the BIO holds and give it to aiohttp, READ_BUFFER... at a time,
+        until it is empty or aiohttp pauses reading."""
+        view = self._view
+        size = len(view)
+        filled = 0
+        eof = False
+        try:
+            while True:
+                if filled == size:
+                    self._deliver(bytes(view[:filled]))
+                    filled = 0
+                    if self._state is not _State.OPEN or not self._app_reading:
+                        return
+                # Decrypted straight into the read buffer (its bytes are in the BIO by
+                # now). With a buffer, read() returns a count (typeshed says bytes).
+                count: object = self._ssl.read(size - filled, view[filled:])
+                assert isinstance(count, int)
+                if count == 0:
+                    eof = True  # the peer's close_notify
+                    break
+                filled += count
+        except ssl.SSLWantReadError:
+            pass  # the BIO holds no whole record any more
+        except ssl.SSLZeroReturnError:
+            eof = True
+        except ssl.SSLError as exc:
+            log.debug("TLS read failed: %s", exc)
+            self.abort()
+            return
+        if filled:
+            self._deliver(bytes(view[:filled]))
+        self._flush()  # a TLS 1.3 KeyUpdate or a ticket may need an answer
+        if eof and self._state is _State.OPEN:
+            self._app_eof()
+            self.close()
+
+    def _deliver(self, data: bytes) -> None:
+        conn = self.conn
+        if not conn.busy:
+            # The next request's headers, until their end: the guard times them and may
+            # evict a connection that trickles them.
+            if conn.request_since is None:
+                conn.request_since = time.monotonic()
+                conn.quiet_since = None  # the handshake's end may have set it this turn
+            if _HEADERS_END in data or _HEADERS_END in conn.tail + data[:3]:
+                conn.tail = b""
+                self._guard.headers_complete(conn)
+            else:
+                conn.tail = (conn.tail + data[-3:])[-3:]
+        app = self._app
+        assert isinstance(app, asyncio.Protocol)
+        app.data_received(data)
+
+    def _app_eof(self) -> None:
+        app = self._app
+        if isinstance(app, asyncio.Protocol | asyncio.BufferedProtocol):
+            app.eof_received()
+
+    def _flush(self) -> None:
+        if self._outgoing.pending and self._tcp is not None and not self._tcp.is_closing():
+            self._tcp.write(self._outgoing.read())
+
+    def _close_tcp(self) -> None:
+        tcp = self._tcp
+        if tcp is None or tcp.is_closing():
+            return
+        # close() sends what is buffered first; a peer that does not read it gets
+        # TLS_SHUTDOWN_TIMEOUT, then the connection is aborted.
+        tcp.close()
+        self._shutdown_timer = self._loop.call_later(TLS_SHUTDOWN_TIMEOUT, tcp.abort)
+
+    # -- the application side (what TLSTransport forwards) ------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._state is not _State.OPEN or not data:
+            return
+        try:
+            self._ssl.write(data)
+        except ssl.SSLError as exc:
+            log.debug("TLS write failed: %s", exc)
+            self.abort()
+            return
+        self._flush()
+
+    def writelines(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+        if self._state is not _State.OPEN:
+            return
+        try:
+            for data in chunks:
+                if data:
+                    self._ssl.write(data)
+        except ssl.SSLError as exc:
+            log.debug("TLS write failed: %s", exc)
+            self.abort()
+            return
+        self._flush()  # one TCP write for all of them
+
+    def close(self) -> None:
+        """close_notify, then close the TCP connection once what we wrote is sent."""
+        if self._state is _State.HANDSHAKE:
+            self.abort()  # nothing to say goodbye to
+            return
+        if self._state is not _State.OPEN:
+            return
+        self._state = _State.CLOSING
+        # unwrap() queues our close_notify and wants the peer's; we do not wait for it.
+        with contextlib.suppress(ssl.SSLError):
+            self._ssl.unwrap()
+        if self._outgoing.pending and self._tcp is not None and not self._tcp.is_closing():
+            self._tcp.write(self._outgoing.read())
+        self._close_tcp()
+
+    def abort(self) -> None:
+        self._state = _State.CLOSED
+        if self._tcp is not None:
+            self._tcp.abort()
+
+    def is_closing(self) -> bool:
+        return self._state is not _State.OPEN
+
+    def pause_reading(self) -> None:
+        if self._app_reading:
+            self._app_reading = False
+            # aiohttp has as much as it wants: stop reading the socket, and hold no wide
+            # buffer meanwhile (a body waiting for the budget may wait for seconds).
+            self._size_before_pause = len(self._buffer)
+            self._resize(READ_BUFFER)
+            if self._tcp is not None and not self._tcp.is_closing():
+                self._tcp.pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self._app_reading:
+            self._app_reading = True
+            # aiohttp resumes when its handler reads the body: go on as wide as before.
+            self._resize(self._size_before_pause)
+            if self._tcp is not None and not self._tcp.is_closing():
+                self._tcp.resume_reading()
+            # Records still in the BIO are decrypted on the next turn of the loop, not
+            # inside aiohttp's call (it resumes from within its own read).
+            self._loop.call_soon(self._read_pending)
+
+    def _read_pending(self) -> None:
+        if self._state is _State.OPEN and self._app_reading:
+            self._read()
+
+    def is_reading(self) -> bool:
+        return self._state is _State.OPEN and self._app_reading
+
+    def get_write_buffer_size(self) -> int:
+        tcp = 0 if self._tcp is None else self._tcp.get_write_buffer_size()
+        return tcp + self._outgoing.pending
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if self._tcp is not None:
+            self._tcp.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (0, 0) if self._tcp is None else self._tcp.get_write_buffer_limits()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "sslcontext":
+            return self._context
+        if name == "ssl_object":
+            return self._ssl
+        if name == "peercert":
+            return self._ssl.getpeercert()
+        if name == "cipher":
+            return self._ssl.cipher()
+        if name == "compression":
+            return self._ssl.compression()
+        return default if self._tcp is None else self._tcp.get_extra_info(name, default)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._app = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._app
+
+
+class TLSTransport(asyncio.Transport):
+    """What aiohttp sees of a ``TLSConnection``: an ordinary asyncio transport."""
+
+    def __init__(self, tls: TLSConnection) -> None:
+        super().__init__()
+        self.tls = tls
+
+    @property
+    def conn(self) -> _Conn:
+        return self.tls.conn
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.tls.write(data)
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.tls.writelines(list_of_data)
+
+    def can_write_eof(self) -> bool:
+        return False  # TLS has no half-close
+
+    def write_eof(self) -> None:
+        raise NotImplementedError("TLS connections cannot half-close")
+
+    def close(self) -> None:
+        self.tls.close()
+
+    def abort(self) -> None:
+        self.tls.abort()
+
+    def is_closing(self) -> bool:
+        return self.tls.is_closing()
+
+    def pause_reading(self) -> None:
+        self.tls.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.tls.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.tls.is_reading()
+
+    def get_write_buffer_size(self) -> int:
+        return self.tls.get_write_buffer_size()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.tls.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.tls.get_write_buffer_limits()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.tls.get_extra_info(name, default)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.tls.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.tls.get_protocol()
 
 
 # --- the guard -------------------------------------------------------------------------------
@@ -314,9 +658,9 @@ class ConnectionGuard:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         # Connections with no request in progress, the one answered longest ago first:
-        # eviction takes the first, and a drain closes them.
+        # eviction takes the first that qualifies, and a drain closes them.
         self._idle: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
-        self._by_handler: dict[object, _Conn] = {}
+        self._open: dict[_Conn, None] = {}
         self.count = 0
         self.closing = False
         # What happened, for logs and tests.
@@ -335,21 +679,30 @@ class ConnectionGuard:
 
     # -- connection life ---------------------------------------------------------------
 
+    @staticmethod
+    def _evictable_at(conn: _Conn) -> float | None:
+        """When ``conn`` may be evicted, if nothing changes: EVICT_QUIET_S into its
+        silence, or EVICT_SLOW_HEADERS_S into headers it has not finished."""
+        if conn.busy or conn.closed:
+            return None
+        if conn.quiet_since is not None:
+            return conn.quiet_since + EVICT_QUIET_S
+        if conn.request_since is not None:
+            return conn.request_since + EVICT_SLOW_HEADERS_S
+        return None  # in its TLS handshake
+
     def _evictable(self, now: float) -> _Conn | None:
-        """The longest-idle connection that has been silent for EVICT_QUIET_S, if any."""
+        """The longest-idle connection that may be evicted now, if any."""
         for conn in self._idle:
-            if conn.quiet_since is not None and now - conn.quiet_since >= EVICT_QUIET_S:
+            at = self._evictable_at(conn)
+            if at is not None and at <= now:
                 return conn
         return None
 
     def _next_evictable_in(self, now: float) -> float | None:
-        """Seconds until some idle connection will have been silent long enough."""
-        waits = [
-            conn.quiet_since + EVICT_QUIET_S - now
-            for conn in self._idle
-            if conn.quiet_since is not None
-        ]
-        return max(0.0, min(waits)) if waits else None
+        """Seconds until some idle connection may be evicted."""
+        times = [at for conn in self._idle if (at := self._evictable_at(conn)) is not None]
+        return max(0.0, min(times) - now) if times else None
 
     def has_room(self) -> bool:
         """A connection may be accepted now: under the cap, or one can be evicted."""
@@ -372,13 +725,21 @@ class ConnectionGuard:
             )
         while not self.has_room():
             self._room.clear()
+            # Until a connection goes away or idles, or the earliest candidate for
+            # eviction qualifies; with no candidate, at most the header timeout (by then
+            # the sweeper has closed, or the server answered, whatever held the slots).
+            # Not woken when a connection becomes a candidate: taking connections of a
+            # burst the moment they qualify evicted more of those whose client was slow.
+            wait = self._next_evictable_in(time.monotonic())
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._next_evictable_in(time.monotonic())):
+                async with asyncio.timeout(
+                    wait if wait is not None else self.limits.header_timeout
+                ):
                     await self._room.wait()
 
     async def reserve(self) -> None:
         """A slot for the connection just accepted, held until its ``admit``: at the cap
-        the longest-silent connection is evicted now; with none to spare, wait for room.
+        an evictable connection is evicted now; with none to spare, wait for room.
         Taken right before the connection is made, so nothing can fill the slot between."""
         while True:
             if self.count + self._reserved < self.limits.max_connections:
@@ -393,7 +754,8 @@ class ConnectionGuard:
 
     def unreserve(self) -> None:
         """The reserved connection was never made."""
-        self._reserved -= 1
+        if self._reserved > 0:
+            self._reserved -= 1
         self._made_room()
 
     def _made_room(self) -> None:
@@ -402,37 +764,72 @@ class ConnectionGuard:
 
     def admit(self, conn: _Conn) -> bool:
         """A new connection: count it, in the slot ``reserve`` kept for it (the site's
-        accept loop), else evicting the longest-idle one at the cap."""
+        accept loop). Without one, only under the cap."""
         if self._reserved > 0:
             # Draining too: until the listener closes, a newcomer is served (and told to
             # go elsewhere by Connection: close on its answer).
             self._reserved -= 1
-            self.count += 1
-            self._idle[conn] = None
-            self._by_handler[conn.handler] = conn
-            return True
-        if self.count >= self.limits.max_connections:
-            victim = next(iter(self._idle), None)
-            if victim is None or self.closing:
-                self.rejected += 1
-                conn.closed = True
-                if self.rejected == 1 or self.rejected % 1000 == 0:
-                    log.warning(
-                        "connection refused: every connection has a request in progress",
-                        extra={"fields": {"maxConnections": self.limits.max_connections}},
-                    )
-                return False
-            self.evicted += 1
-            self._abort(victim)
+        elif self.count >= self.limits.max_connections:
+            self.rejected += 1
+            conn.closed = True
+            if self.rejected == 1 or self.rejected % 1000 == 0:
+                log.warning(
+                    "connection refused: at the connection cap",
+                    extra={"fields": {"maxConnections": self.limits.max_connections}},
+                )
+            return False
         self.count += 1
         self._idle[conn] = None
-        self._by_handler[conn.handler] = conn
+        self._open[conn] = None
         return True
+
+    def handshake_done(self, conn: _Conn) -> None:
+        if not conn.busy and not conn.closed and conn.request_since is None:
+            conn.quiet_since = time.monotonic()
+
+    def headers_complete(self, conn: _Conn) -> None:
+        """The request on ``conn`` has its headers: in progress until answered."""
+        conn.busy = True
+        conn.quiet_since = None
+        self._idle.pop(conn, None)
+
+    def answered(self, conn: _Conn) -> None:
+        """The request on ``conn`` is answered (its response is being written)."""
+        if conn.closed:
+            return
+        conn.busy = False
+        conn.since = time.monotonic()
+        conn.reading_since = None
+        conn.request_since = None
+        conn.tail = b""
+        conn.quiet_since = conn.since
+        conn.tls.narrow()
+        self._idle[conn] = None
+        self._idle.move_to_end(conn)  # now the most recently answered
+        if self.closing and self._changed is not None:
+            self._changed.set()
+        self._made_room()
+
+    async def on_response_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """aiohttp's ``on_response_prepare`` signal: every answer, right before its
+        headers are written. While draining, the answer closes its connection."""
+        transport = request.transport
+        if isinstance(transport, TLSTransport):
+            self.answered(transport.conn)
+        if self.closing:
+            # aiohttp has computed the headers by now (the signal is for changing them):
+            # Connection: close for the client, force_close so aiohttp closes after it.
+            response.force_close()
+            response.headers[hdrs.CONNECTION] = "close"
 
     @property
     def in_progress(self) -> int:
         """Connections with a request being read, handled or answered."""
-        return sum(1 for conn in self._by_handler.values() if conn.busy and not conn.closed)
+        return sum(1 for conn in self._open if conn.busy and not conn.closed)
+
+    def read_buffer_sizes(self) -> list[int]:
+        """Each open connection's read buffer in bytes (metrics and tests)."""
+        return [conn.tls.read_buffer_size for conn in self._open if not conn.closed]
 
     def forget(self, conn: _Conn) -> None:
         """The connection is gone (or is being aborted): count it out, once."""
@@ -441,7 +838,7 @@ class ConnectionGuard:
         conn.closed = True
         self.count -= 1
         self._idle.pop(conn, None)
-        self._by_handler.pop(conn.handler, None)
+        self._open.pop(conn, None)
         if self._changed is not None:
             self._changed.set()
         self._made_room()
@@ -452,81 +849,13 @@ class ConnectionGuard:
             conn.transport.abort()
 
     def _close_idle(self, conn: _Conn) -> None:
-        # A clean close (TLS close_notify, then FIN) once aiohttp has the connection; a
+        # A clean close (TLS close_notify, then FIN) once the handshake is done; a
         # connection still in its handshake has nothing to say goodbye to.
-        handler = conn.handler
-        if getattr(handler, "transport", None) is not None:
+        if conn.tls.handshake_done:
             self._idle.pop(conn, None)
-            handler.force_close()
+            conn.tls.close()
         else:
             self._abort(conn)
-
-    # -- requests (the handlers) --------------------------------------------------------
-
-    def begin(self, handler: object) -> None:
-        conn = self._by_handler.get(handler)
-        if conn is not None:
-            conn.busy = True
-            self._idle.pop(conn, None)
-
-    def widen_reads(self, handler: object, body_bytes: int) -> bool:
-        """A request on ``handler``'s connection has ``body_bytes`` of the body budget
-        reserved: read its connection min(body_bytes, WIDE_READ_BUFFER) at a time until
-        ``narrow_reads``. False (nothing changed) for a body that fits READ_BUFFER."""
-        conn = self._by_handler.get(handler)
-        size = min(body_bytes, WIDE_READ_BUFFER)
-        if conn is None or conn.tls is None or conn.closed or size <= READ_BUFFER:
-            return False
-        conn.tls.set_read_buffer(size)
-        return True
-
-    def read_buffer_sizes(self) -> list[int]:
-        """Each open connection's read buffer in bytes (metrics and tests)."""
-        return [
-            conn.tls.read_buffer_size
-            for conn in self._by_handler.values()
-            if conn.tls is not None and not conn.closed
-        ]
-
-    def narrow_reads(self, handler: object) -> None:
-        """Back to READ_BUFFER: the body that justified a wide buffer has been read."""
-        conn = self._by_handler.get(handler)
-        if conn is not None and conn.tls is not None:
-            conn.tls.set_read_buffer(READ_BUFFER)
-
-    def end(self, handler: object) -> None:
-        conn = self._by_handler.get(handler)
-        if conn is not None and not conn.closed:
-            conn.busy = False
-            conn.since = time.monotonic()
-            conn.reading_since = None
-            conn.quiet_since = conn.since
-            self._idle[conn] = None  # now the most recently answered
-            if self.closing and self._changed is not None:
-                self._changed.set()
-            self._made_room()
-
-    def tracked(self, handler: Handler) -> Handler:
-        """``handler``, marking its request in progress; while draining, its answer closes
-        the connection. (``Enforcer.validate`` does the same inline, on the hot path.)"""
-        guard = self
-
-        async def track(request: web.Request) -> web.StreamResponse:
-            protocol = request.protocol
-            guard.begin(protocol)
-            try:
-                response = await handler(request)
-            except web.HTTPException as exc:
-                if guard.closing:
-                    exc.force_close()
-                raise
-            finally:
-                guard.end(protocol)
-            if guard.closing:
-                response.force_close()
-            return response
-
-        return track
 
     # -- timeouts -----------------------------------------------------------------------
 
@@ -556,7 +885,7 @@ class ConnectionGuard:
                 if now - conn.reading_since > limits.header_timeout:
                     self.header_timeouts += 1
                     self._abort(conn)
-            elif now - conn.since > (_DRAIN_IDLE_AFTER if self.closing else limits.idle_timeout):
+            elif now - conn.since > (DRAIN_IDLE_AFTER if self.closing else limits.idle_timeout):
                 self.idle_closed += 1
                 self._close_idle(conn)
 
@@ -601,7 +930,7 @@ class ConnectionGuard:
 
     def abort_all(self) -> int:
         """Abort whatever is left; returns how many."""
-        left = [conn for conn in self._by_handler.values() if not conn.closed]
+        left = [conn for conn in self._open if not conn.closed]
         for conn in left:
             self._abort(conn)
         self.cut_off += len(left)
@@ -616,7 +945,13 @@ class ConnectionGuard:
 
 
 class GuardedTLSSite(web.BaseSite):
-    """A TCP site whose connections run ``GuardedTLSProtocol`` (TLS) under ``guard``."""
+    """A TLS site whose connections are ``TLSConnection`` under ``guard``.
+
+    It listens and accepts itself (``loop.sock_accept``): one connection at a time, and
+    only when the guard has room, where ``loop.create_server`` would accept whatever
+    arrives. Each accepted socket becomes a plain TCP connection
+    (``loop.connect_accepted_socket``) whose protocol does TLS.
+    """
 
     def __init__(
         self,
@@ -628,7 +963,11 @@ class GuardedTLSSite(web.BaseSite):
         guard: ConnectionGuard,
         backlog: int = LISTEN_BACKLOG,
     ) -> None:
-        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        # aiohttp's own TLS setting stays unset: this site does TLS itself.
+        super().__init__(runner, backlog=backlog)
+        self._hw_runner = runner
+        self._hw_context = ssl_context
+        self._hw_backlog = backlog
         self._host = host
         self._port = port
         self._guard = guard
@@ -644,21 +983,20 @@ class GuardedTLSSite(web.BaseSite):
         return int(self._listener.getsockname()[1]) if self._listener is not None else 0
 
     async def start(self) -> None:
-        """Listen, and accept in a loop of our own: one connection at a time, and only
-        when the guard has room (``loop.create_server`` would accept whatever arrives)."""
+        """Listen, and accept in a loop of our own."""
         await super().start()
         loop = asyncio.get_running_loop()
-        server = self._runner.server
-        context = self._ssl_context
-        assert server is not None and context is not None
+        server = self._hw_runner.server
+        assert server is not None, "the runner is set up first"
+        context = self._hw_context
         guard = self._guard
 
-        def connection() -> GuardedTLSProtocol:
-            return GuardedTLSProtocol(loop, server(), context, guard)
+        def connection() -> TLSConnection:
+            return TLSConnection(server(), context, guard)
 
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         listener = socket.create_server(
-            (self._host, self._port), family=family, backlog=self._backlog
+            (self._host, self._port), family=family, backlog=self._hw_backlog
         )
         listener.setblocking(False)
         self._listener = listener
@@ -668,7 +1006,7 @@ class GuardedTLSSite(web.BaseSite):
         self,
         loop: asyncio.AbstractEventLoop,
         listener: socket.socket,
-        factory: Callable[[], GuardedTLSProtocol],
+        factory: Callable[[], TLSConnection],
     ) -> None:
         while True:
             await self._guard.wait_for_room()
@@ -692,8 +1030,7 @@ class GuardedTLSSite(web.BaseSite):
                 await loop.connect_accepted_socket(factory, sock)
             except OSError:
                 sock.close()
-                if self._guard._reserved > 0:
-                    self._guard.unreserve()
+                self._guard.unreserve()
 
     def stop_listening(self) -> None:
         """Close the listening socket; open connections go on. What waits in the backlog

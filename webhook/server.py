@@ -166,7 +166,6 @@ class Enforcer:
         metrics: Metrics,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        guard: ConnectionGuard | None = None,
         sinks: Sequence[RecordSink] = (),
     ) -> None:
         self.config = config
@@ -184,7 +183,6 @@ class Enforcer:
         self.max_body = config.webhook.max_body_bytes
         self.body_timeout = config.webhook.body_timeout.total_seconds()
         self.budget = BodyBudget(config.webhook.max_in_flight_body_bytes)
-        self.guard = guard
 
     @staticmethod
     def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -202,28 +200,13 @@ class Enforcer:
         return response
 
     async def validate(self, request: web.Request) -> web.Response:
-        """POST /validate; with a guard, the request is marked in progress meanwhile."""
-        return await self._guarded(request, self.rules)
+        """POST /validate."""
+        return await self._answer(request, self.rules)
 
     async def validate_kueue_namespace(self, request: web.Request) -> web.Response:
         """POST KUEUE_NAMESPACE_PATH: the second webhook entry's requests, from namespaces
         where Kueue manages jobs without a queue name (``RulesConfig.kueue_managed_namespace``)."""
-        return await self._guarded(request, self.kueue_namespace_rules)
-
-    async def _guarded(self, request: web.Request, rules: RulesConfig) -> web.Response:
-        guard = self.guard
-        if guard is None:
-            return await self._answer(request, rules)
-        # Here rather than in a middleware: a middleware costs a few us a review.
-        protocol = request.protocol
-        guard.begin(protocol)
-        try:
-            response = await self._answer(request, rules)
-        finally:
-            guard.end(protocol)
-        if guard.closing:
-            response.force_close()
-        return response
+        return await self._answer(request, self.kueue_namespace_rules)
 
     async def _answer(self, request: web.Request, rules: RulesConfig) -> web.Response:
         started = time.perf_counter()
@@ -271,15 +254,9 @@ class Enforcer:
             # once read.
             async with asyncio.timeout(self.body_timeout):
                 granted = await self.budget.acquire(want)
-                # A large body still on its way is read in wide chunks, within its own
-                # reservation (webhook/connections.py, WIDE_READ_BUFFER).
-                guard = self.guard
-                wide = guard is not None and guard.widen_reads(request.protocol, granted)
                 try:
                     return await self._read_large(request)
                 finally:
-                    if wide and guard is not None:
-                        guard.narrow_reads(request.protocol)
                     self.budget.release(granted)
         except web.HTTPRequestEntityTooLarge:
             raise BadReview(413, too_big) from None
@@ -449,10 +426,10 @@ def build_app(
     sinks: Sequence[RecordSink] = (),
 ) -> web.Application:
     """The admission app (POST /validate, /healthz, /readyz). ``state`` defaults to ready,
-    for tests that serve it without TLS. With ``guard`` (the TLS site's), the handlers
-    tell it when each request starts and ends."""
+    for tests that serve it without TLS. With ``guard`` (the TLS site's), it is told of
+    every answer; the handlers know nothing of connections."""
     state = state if state is not None else State(ready=True)
-    enforcer = Enforcer(config, audit, metrics, guard=guard, sinks=sinks)
+    enforcer = Enforcer(config, audit, metrics, sinks=sinks)
     # One byte over the limit is enough for aiohttp to refuse; the handler words the 413.
     app = web.Application(client_max_size=config.webhook.max_body_bytes)
     routes = [
@@ -463,25 +440,10 @@ def build_app(
         *_health_routes(state),
     ]
     if guard is not None:
-        # Every request must reach a handler that tells the guard it was answered, or the
-        # connection would look like one still sending headers: the health routes are
-        # wrapped, and a catch-all answers every other path and method.
-        known = {route.path: route.method for route in routes if isinstance(route, web.RouteDef)}
-
-        async def elsewhere(request: web.Request) -> web.Response:
-            if request.path in known:
-                raise web.HTTPMethodNotAllowed(request.method, [known[request.path]])
-            raise web.HTTPNotFound()
-
-        routes = [
-            *routes[:2],
-            *(
-                web.route(r.method, r.path, guard.tracked(r.handler))
-                for r in routes[2:]
-                if isinstance(r, web.RouteDef)
-            ),
-            web.route("*", "/{path:.*}", guard.tracked(elsewhere)),
-        ]
+        # Every answer, whatever route (404 and 405 included), passes through aiohttp's
+        # response-prepare signal: the guard learns there that the connection's request
+        # is answered, and while draining makes the answer close its connection.
+        app.on_response_prepare.append(guard.on_response_prepare)
     app.add_routes(routes)
     return app
 
