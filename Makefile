@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-real demo lint typecheck unit binaries bench clean lock
+.PHONY: test test-real test-matrix demo lint typecheck unit binaries bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ binaries: $(STAMP)
 	# kube-apiserver, and the real Kueue, Trainer, JobSet and kube-controller-manager that
 	# tests/real runs (about 16 minutes of builds cold on two cores; cached after).
 	$(PY) -m rig.localcluster --controllers
+	# The API floor's kube-apiserver (v1.30.14; about 8-10 more minutes cold), for the floor
+	# cell that `make test` runs last.
+	HOLDWARDEN_KUBERNETES_VERSION=v1.30.14 $(PY) -m rig.localcluster
 	# Helm and kustomize for the manifest tests (tests/test_chart.py, ...), built once.
 	$(PY) -m tests.tool_binaries
 
@@ -41,6 +44,14 @@ typecheck: $(STAMP)
 
 test: binaries lint typecheck
 	$(VENV)/bin/pytest -q
+	# The API floor (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy
+	# twin's parity, preflight's dry-run probe and the one-step install, the same tests.
+	$(PY) -m rig.localcluster.matrix --cell floor
+
+# The version matrix (docs/install.md): the real-controller story in each cell of versions,
+# plus the API floor; each cell builds what it lacks first (long when cold). One table.
+test-matrix: $(STAMP)
+	$(PY) -m rig.localcluster.matrix
 
 # Only the end-to-end suite on the real Kueue, Trainer, JobSet and kube-controller-manager
 # (tests/real; `make test` runs it too).

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -42,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes import client as k8s
 
 from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
-from rig.localcluster.binaries import Binaries, ensure_binaries
+from rig.localcluster.binaries import Binaries, cache_dir, ensure_binaries, selected_cell
 from rig.localcluster.ports import free_port
 from rig.localcluster.rbac import IDENTITY_RBAC
 from rig.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
@@ -57,6 +58,11 @@ NODE_TOLERATION_SECONDS = 5
 
 REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
+_TEMPLATE_NAMESPACE_RULE = (
+    "Trainer's CEL rule reads metadata.namespace of an embedded template, and the CEL "
+    "type of an embedded ObjectMeta has no 'namespace' before 1.31: \"undefined field "
+    "'namespace'\""
+)
 CRD_FILES = (
     "trainer.kubeflow.org_trainjobs.yaml",
     "trainer.kubeflow.org_trainingruntimes.yaml",
@@ -67,6 +73,17 @@ CRD_FILES = (
     "kueue.x-k8s.io_localqueues.yaml",
     "kueue.x-k8s.io_resourceflavors.yaml",
 )
+
+# Upstream CRD files that a Kubernetes version of the version matrix refuses, and why. On
+# that version the cluster installs the project's minimal CRD (tests/crds) in their place
+# and says so in ``crd_kind``: the API floor runs holdwarden's own APIs on the CRDs it
+# accepts, and a full Kueue/Trainer stack cannot be installed there.
+REFUSED_CRDS: dict[str, dict[str, str]] = {
+    "v1.30.14": {
+        "trainer.kubeflow.org_clustertrainingruntimes.yaml": _TEMPLATE_NAMESPACE_RULE,
+        "trainer.kubeflow.org_trainingruntimes.yaml": _TEMPLATE_NAMESPACE_RULE,
+    },
+}
 
 
 class ControlPlaneError(RuntimeError):
@@ -132,6 +149,20 @@ def find_crd_dir() -> tuple[Path, str]:
         "no CRDs found: expected the CRD files in $HOLDWARDEN_CRDS, ../shared/crds or "
         f"tests/crds (looked in {', '.join(str(c[0]) for c in candidates)})"
     )
+
+
+def accepted_crd_dir(crd_dir: Path, refused: Mapping[str, str], version: str) -> Path:
+    """A folder in the cache with ``crd_dir``'s CRD files, except that each one in
+    ``refused`` is the project's minimal CRD (tests/crds) instead."""
+    minimal = Path(__file__).resolve().parents[2] / "tests" / "crds"
+    digest = hashlib.sha256(str(crd_dir.resolve()).encode())
+    target = cache_dir() / f"crds-accepted-{version}-{digest.hexdigest()[:12]}"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in CRD_FILES:
+        partial = target / f"{name}.partial"
+        shutil.copyfile((minimal if name in refused else crd_dir) / name, partial)
+        partial.replace(target / name)  # never a half-written file where a run reads it
+    return target
 
 
 def _die_with_parent() -> None:
@@ -227,6 +258,21 @@ class LocalCluster:
             from rig.localcluster.controllers import upstream_crd_dir
 
             crd_dir, self.crd_kind = upstream_crd_dir(), "upstream (Go modules)"
+        cell = selected_cell()
+        if self.crd_kind == "upstream" and not cell.default_controllers:
+            # ../shared/crds are today's Kueue's and Trainer's: another cell takes the
+            # CRDs of its own versions from their Go modules.
+            from rig.localcluster.controllers import upstream_crd_dir
+
+            crd_dir = upstream_crd_dir()
+            self.crd_kind = f"upstream (Go modules, Kueue {cell.kueue}, Trainer {cell.trainer})"
+        refused = REFUSED_CRDS.get(cell.kubernetes, {})
+        if refused and self.crd_kind != "minimal":
+            crd_dir = accepted_crd_dir(crd_dir, refused, cell.kubernetes)
+            self.crd_kind += (
+                f"; minimal {', '.join(sorted(refused))} (refused by kube-apiserver "
+                f"{cell.kubernetes})"
+            )
         if self._requested_workdir is not None:
             self._workdir = self._requested_workdir
             self._workdir.mkdir(parents=True, exist_ok=True)
