@@ -212,6 +212,8 @@ class LocalCluster:
         self.server_url = ""
         self.request_timeout = REQUEST_TIMEOUT
         self.startup_seconds = 0.0
+        self.server_version = ""
+        self._binary_source = ""
         self.phase_seconds: dict[str, float] = {}
         self.ca: KeyPair | None = None
 
@@ -250,6 +252,7 @@ class LocalCluster:
     def start(self) -> None:
         started = time.monotonic()
         binaries = self._binaries or ensure_binaries()
+        self._binary_source = binaries.source
         crd_dir, self.crd_kind = (self._crd_dir, "configured") if self._crd_dir else find_crd_dir()
         if self._controller_names and self.crd_kind == "minimal":
             # The real controllers need the real schemas (their defaults above all: Trainer's
@@ -498,6 +501,20 @@ class LocalCluster:
             parts.append(f"--- {name} (exit code {process.poll()}) ---\n{tail}")
         return "\n".join(parts)
 
+    def _check_version(self, context: ssl.SSLContext) -> None:
+        """Record the server's version; from the cache it must be the selected cell's, so a
+        cell of the version matrix cannot pass on another kube-apiserver."""
+        with urllib.request.urlopen(
+            f"{self.server_url}/version", context=context, timeout=10
+        ) as response:
+            self.server_version = str(json.loads(response.read())["gitVersion"])
+        wanted = selected_cell().kubernetes
+        if self._binary_source.startswith("cache") and self.server_version != wanted:
+            raise ControlPlaneError(
+                f"kube-apiserver from the cache reports {self.server_version}, not the "
+                f"selected {wanted}"
+            )
+
     def _wait_ready(self) -> None:
         context = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
         context.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
@@ -516,6 +533,7 @@ class LocalCluster:
                 ) as response:
                     if response.status == 200:
                         self._write_kubeconfig()
+                        self._check_version(context)
                         return
             except (urllib.error.URLError, OSError) as exc:
                 last_error = str(exc)
