@@ -49,6 +49,9 @@ binaries: $(STAMP) node-packages
 	# tests/real runs, kube-scheduler and kwok for its nodes, and kubelet and kube-proxy
 	# for tests/pods' real node (about 18 minutes of builds cold on two cores; cached after).
 	$(PY) -m rig.localcluster --controllers
+	# The API floor's kube-apiserver (v1.30.14; about 8-10 more minutes cold), for the floor
+	# cell that `make test` runs last.
+	HOLDWARDEN_KUBERNETES_VERSION=v1.30.14 $(PY) -m rig.localcluster
 	# Helm and kustomize for the manifest tests (tests/test_chart.py, ...), built once.
 	$(PY) -m tests.tool_binaries
 
@@ -80,6 +83,14 @@ typecheck: $(STAMP)
 
 test: binaries lint typecheck test-pythons
 	$(VENV)/bin/pytest -q
+	# The API floor (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy
+	# twin's parity, preflight's dry-run probe and the one-step install, the same tests.
+	$(PY) -m rig.localcluster.matrix --cell floor
+
+# The version matrix (docs/install.md): the real-controller story in each cell of versions,
+# plus the API floor; each cell builds what it lacks first (long when cold). One table.
+test-matrix: $(STAMP)
+	$(PY) -m rig.localcluster.matrix
 
 # PYTHONS_TESTS on each of OTHER_PYTHONS, one after the other (two cores). Only
 # kube-apiserver and etcd are needed, and the cluster fixture builds them if missing.

@@ -99,8 +99,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for local in _STARTED:
         phases = ", ".join(f"{name} {secs:.1f}s" for name, secs in local.phase_seconds.items())
         terminalreporter.write_line(
-            f"local control plane: started in {local.startup_seconds:.1f}s ({phases}); "
-            f"CRDs: {local.crd_kind}"
+            f"local control plane: kube-apiserver {local.server_version}, started in "
+            f"{local.startup_seconds:.1f}s ({phases}); CRDs: {local.crd_kind}"
         )
 
 

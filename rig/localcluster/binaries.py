@@ -47,6 +47,73 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.36.3"
 _KUBEBUILD_FILES = ("go.mod", "go.sum", "tools.go")
 
+# The versions a run builds and starts are one cell of the version matrix (``Cell``),
+# chosen by these environment variables; unset, today's cell (``DEFAULT_CELL``).
+KUBERNETES_VERSION_ENV = "HOLDWARDEN_KUBERNETES_VERSION"
+KUEUE_VERSION_ENV = "HOLDWARDEN_KUEUE_VERSION"
+TRAINER_VERSION_ENV = "HOLDWARDEN_TRAINER_VERSION"
+
+# Each version with a committed Go module, and that module's folder. The default's folders
+# are the historical ones (so today's cache keys do not move); every other version has a
+# folder of its own, with the exact versions in its go.mod/go.sum (the Kubernetes ones with
+# the staging ``replace`` lines of that minor).
+KUBEBUILD_MODULES: dict[str, str] = {
+    "v1.36.3": "kubebuild",
+    "v1.30.14": "kubebuild/v1.30.14",
+    "v1.37.2": "kubebuild/v1.37.2",
+}
+_CONTROLLER_MODULES: dict[str, dict[str, str]] = {
+    "kueue": {"v0.19.2": "kueue", "v0.17.0": "kueue-v0.17.0"},
+    "trainer": {"v2.3.0": "trainer", "v2.2.1": "trainer-v2.2.1"},
+    "kube-controller-manager": {"v1.36.3": "kcm", "v1.37.2": "kcm-v1.37.2"},
+    "kube-scheduler": {"v1.36.3": "scheduler", "v1.37.2": "scheduler-v1.37.2"},
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the version matrix: the Kubernetes, Kueue and Trainer versions a run
+    builds (each from its own committed Go module) and starts. JobSet, etcd and kwok are
+    the same in every cell."""
+
+    kubernetes: str = KUBERNETES_VERSION
+    kueue: str = "v0.19.2"
+    trainer: str = "v2.3.0"
+
+    def describe(self) -> str:
+        return f"Kubernetes {self.kubernetes}, Kueue {self.kueue}, Trainer {self.trainer}"
+
+    @property
+    def default_controllers(self) -> bool:
+        """Kueue and Trainer are today's, whose CRDs ../shared/crds holds."""
+        return (self.kueue, self.trainer) == (DEFAULT_CELL.kueue, DEFAULT_CELL.trainer)
+
+
+DEFAULT_CELL = Cell()
+
+
+def _choose(env: str, default: str, known: Sequence[str], what: str) -> str:
+    value = os.environ.get(env) or default
+    if value not in known:
+        raise BinariesUnavailable(
+            f"{env}={value}: no Go module for {what} {value} in rig/localcluster; "
+            f"versions with one: {', '.join(sorted(known))}"
+        )
+    return value
+
+
+def selected_cell() -> Cell:
+    """The cell named by ``HOLDWARDEN_KUBERNETES_VERSION``, ``HOLDWARDEN_KUEUE_VERSION`` and
+    ``HOLDWARDEN_TRAINER_VERSION`` (each unset means today's version)."""
+    return Cell(
+        _choose(KUBERNETES_VERSION_ENV, DEFAULT_CELL.kubernetes, list(KUBEBUILD_MODULES),
+                "Kubernetes"),
+        _choose(KUEUE_VERSION_ENV, DEFAULT_CELL.kueue, list(_CONTROLLER_MODULES["kueue"]),
+                "Kueue"),
+        _choose(TRAINER_VERSION_ENV, DEFAULT_CELL.trainer, list(_CONTROLLER_MODULES["trainer"]),
+                "Trainer"),
+    )  # fmt: skip
+
 
 class BinariesUnavailable(RuntimeError):
     """The control plane's binaries could not be found or built."""
@@ -83,17 +150,32 @@ def _from_kubebuilder_assets() -> Binaries | None:
     return None
 
 
-def kube_apiserver_path() -> Path:
-    return cache_dir() / f"kube-apiserver-{KUBERNETES_VERSION}" / "kube-apiserver"
+def _kubebuild_source(version: str) -> Traversable:
+    source = resources.files("rig.localcluster")
+    for part in KUBEBUILD_MODULES[version].split("/"):
+        source = source / part
+    return source
 
 
-def _kubernetes_ldflags() -> str:
+def kube_apiserver_path(version: str | None = None) -> Path:
+    """Where kube-apiserver ``version`` (default: the selected cell's) is cached. Today's
+    version keeps its historical folder; another one's folder also names its go.sum's hash."""
+    version = version or selected_cell().kubernetes
+    if version == KUBERNETES_VERSION:
+        return cache_dir() / f"kube-apiserver-{KUBERNETES_VERSION}" / "kube-apiserver"
+    digest = hashlib.sha256()
+    for name in _KUBEBUILD_FILES:
+        digest.update((_kubebuild_source(version) / name).read_bytes())
+    return cache_dir() / f"kube-apiserver-{version}-{digest.hexdigest()[:12]}" / "kube-apiserver"
+
+
+def _kubernetes_ldflags(version: str = KUBERNETES_VERSION) -> str:
     # Stamp the version the way Kubernetes' own build does, so /version and the
     # components' compatibility version report 1.36 rather than v0.0.0-master.
-    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    major, minor = version.lstrip("v").split(".")[:2]
     stamp = "k8s.io/component-base/version"
     return (
-        f"-s -w -X {stamp}.gitVersion={KUBERNETES_VERSION} -X {stamp}.gitMajor={major} "
+        f"-s -w -X {stamp}.gitVersion={version} -X {stamp}.gitMajor={major} "
         f"-X {stamp}.gitMinor={minor} -X {stamp}.gitTreeState=clean"
     )
 
@@ -162,16 +244,22 @@ def go_build(
     return target
 
 
-def build_kube_apiserver(log: bool = True) -> Path:
-    """Build kube-apiserver into the cache once; concurrent callers wait on a file lock."""
+def build_kube_apiserver(log: bool = True, version: str | None = None) -> Path:
+    """Build kube-apiserver (the selected cell's version unless ``version`` is given) into
+    the cache once; concurrent callers wait on a file lock.
+
+    Today's version builds with ``-mod=mod`` as it always has; another version's committed
+    go.mod/go.sum are complete, so it builds with ``-mod=readonly``.
+    """
+    version = version or selected_cell().kubernetes
     return go_build(
-        kube_apiserver_path(),
-        resources.files("rig.localcluster") / "kubebuild",
+        kube_apiserver_path(version),
+        _kubebuild_source(version),
         _KUBEBUILD_FILES,
         "k8s.io/kubernetes/cmd/kube-apiserver",
-        _kubernetes_ldflags(),
-        f"kube-apiserver {KUBERNETES_VERSION}",
-        "-mod=mod",
+        _kubernetes_ldflags(version),
+        f"kube-apiserver {version}",
+        "-mod=mod" if version == KUBERNETES_VERSION else "-mod=readonly",
         log,
     )
 
@@ -245,6 +333,33 @@ COMPONENTS: dict[str, Component] = {
 }  # fmt: skip
 
 
+def components(cell: Cell | None = None) -> dict[str, Component]:
+    """The controllers of ``cell`` (default: the selected one): today's cell is
+    ``COMPONENTS``; another cell swaps in its Kueue, Trainer, kube-controller-manager and
+    kube-scheduler. A Kubernetes version with no module for the last two (the API floor,
+    which runs CRDs only) leaves them out, and ``controller_binaries`` says so by name."""
+    cell = cell or selected_cell()
+    found = dict(COMPONENTS)
+    found["kueue"] = Component(
+        "kueue", "kueue", cell.kueue, KUEUE.package, _CONTROLLER_MODULES["kueue"][cell.kueue],
+        f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={cell.kueue}",
+    )  # fmt: skip
+    found["trainer"] = Component(
+        "trainer", TRAINER.binary, cell.trainer, TRAINER.package,
+        _CONTROLLER_MODULES["trainer"][cell.trainer], TRAINER.ldflags,
+    )  # fmt: skip
+    for base in (KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER):
+        module = _CONTROLLER_MODULES[base.name].get(cell.kubernetes)
+        if module is None:
+            del found[base.name]
+        else:
+            found[base.name] = Component(
+                base.name, base.binary, cell.kubernetes, base.package, module,
+                _kubernetes_ldflags(cell.kubernetes),
+            )  # fmt: skip
+    return found
+
+
 def _module_source(component: Component) -> Traversable:
     return resources.files("rig.localcluster") / "controllerbuild" / component.module
 
@@ -281,23 +396,32 @@ def build_controller(component: Component, log: bool = True) -> Path:
     )
 
 
-def controller_binaries(
-    names: Sequence[str] = tuple(COMPONENTS), log: bool = True
-) -> dict[str, Path]:
+def controller_binaries(names: Sequence[str] | None = None, log: bool = True) -> dict[str, Path]:
     """The named controllers' executables: prebuilt ones from the override, else built.
 
     ``HOLDWARDEN_CONTROLLER_ASSETS`` may name a folder holding any of ``kueue``,
     ``trainer-controller-manager``, ``jobset-controller-manager`` and
     ``kube-controller-manager``; each one found there is used as is (its version is the
-    caller's responsibility), each one missing is built.
+    caller's responsibility), each one missing is built. ``names`` defaults to every
+    controller of the selected cell.
     """
+    if names is None:
+        names = tuple(components())
     unknown = sorted(set(names) - set(COMPONENTS))
     if unknown:
         raise BinariesUnavailable(f"unknown controllers {unknown}; known: {sorted(COMPONENTS)}")
+    cell = selected_cell()
+    available = components(cell)
+    missing = sorted(set(names) - set(available))
+    if missing:
+        raise BinariesUnavailable(
+            f"no Go module for {missing} at Kubernetes {cell.kubernetes} in "
+            "rig/localcluster/controllerbuild: that cell runs kube-apiserver with CRDs only"
+        )
     assets = os.environ.get("HOLDWARDEN_CONTROLLER_ASSETS")
     found: dict[str, Path] = {}
     for name in names:
-        component = COMPONENTS[name]
+        component = available[name]
         prebuilt = Path(assets) / component.binary if assets else None
         if prebuilt is not None and prebuilt.is_file() and os.access(prebuilt, os.X_OK):
             found[name] = prebuilt

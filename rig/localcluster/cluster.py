@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ from kubernetes import client as k8s
 
 from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
 from rig.builders import DEFAULT_RUNTIME
-from rig.localcluster.binaries import Binaries, ensure_binaries
+from rig.localcluster.binaries import Binaries, cache_dir, ensure_binaries, selected_cell
 from rig.localcluster.ports import free_port
 from rig.localcluster.rbac import IDENTITY_RBAC
 from rig.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
@@ -59,6 +60,11 @@ NODE_TOLERATION_SECONDS = 5
 
 REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
+_TEMPLATE_NAMESPACE_RULE = (
+    "Trainer's CEL rule reads metadata.namespace of an embedded template, and the CEL "
+    "type of an embedded ObjectMeta has no 'namespace' before 1.31: \"undefined field "
+    "'namespace'\""
+)
 CRD_FILES = (
     "trainer.kubeflow.org_trainjobs.yaml",
     "trainer.kubeflow.org_trainingruntimes.yaml",
@@ -69,6 +75,17 @@ CRD_FILES = (
     "kueue.x-k8s.io_localqueues.yaml",
     "kueue.x-k8s.io_resourceflavors.yaml",
 )
+
+# Upstream CRD files that a Kubernetes version of the version matrix refuses, and why. On
+# that version the cluster installs the project's minimal CRD (tests/crds) in their place
+# and says so in ``crd_kind``: the API floor runs holdwarden's own APIs on the CRDs it
+# accepts, and a full Kueue/Trainer stack cannot be installed there.
+REFUSED_CRDS: dict[str, dict[str, str]] = {
+    "v1.30.14": {
+        "trainer.kubeflow.org_clustertrainingruntimes.yaml": _TEMPLATE_NAMESPACE_RULE,
+        "trainer.kubeflow.org_trainingruntimes.yaml": _TEMPLATE_NAMESPACE_RULE,
+    },
+}
 
 
 class ControlPlaneError(RuntimeError):
@@ -136,6 +153,20 @@ def find_crd_dir() -> tuple[Path, str]:
     )
 
 
+def accepted_crd_dir(crd_dir: Path, refused: Mapping[str, str], version: str) -> Path:
+    """A folder in the cache with ``crd_dir``'s CRD files, except that each one in
+    ``refused`` is the project's minimal CRD (tests/crds) instead."""
+    minimal = Path(__file__).resolve().parents[2] / "tests" / "crds"
+    digest = hashlib.sha256(str(crd_dir.resolve()).encode())
+    target = cache_dir() / f"crds-accepted-{version}-{digest.hexdigest()[:12]}"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in CRD_FILES:
+        partial = target / f"{name}.partial"
+        shutil.copyfile((minimal if name in refused else crd_dir) / name, partial)
+        partial.replace(target / name)  # never a half-written file where a run reads it
+    return target
+
+
 def _die_with_parent(netns: Path | None = None) -> None:
     # PR_SET_PDEATHSIG = 1: the kernel signals the child when the parent dies. SIGKILL, not
     # SIGTERM: etcd and kube-apiserver get it at the same moment, and a SIGTERMed apiserver
@@ -199,6 +230,8 @@ class LocalCluster:
         self.server_url = ""
         self.request_timeout = REQUEST_TIMEOUT
         self.startup_seconds = 0.0
+        self.server_version = ""
+        self._binary_source = ""
         self.phase_seconds: dict[str, float] = {}
         self.ca: KeyPair | None = None
 
@@ -254,6 +287,7 @@ class LocalCluster:
     def start(self) -> None:
         started = time.monotonic()
         binaries = self._binaries or ensure_binaries()
+        self._binary_source = binaries.source
         crd_dir, self.crd_kind = (self._crd_dir, "configured") if self._crd_dir else find_crd_dir()
         if self._controller_names and self.crd_kind == "minimal":
             # The real controllers need the real schemas (their defaults above all: Trainer's
@@ -268,6 +302,21 @@ class LocalCluster:
             from rig.localcluster.realnode import sweep_stale_nodes
 
             sweep_stale_nodes()
+        cell = selected_cell()
+        if self.crd_kind == "upstream" and not cell.default_controllers:
+            # ../shared/crds are today's Kueue's and Trainer's: another cell takes the
+            # CRDs of its own versions from their Go modules.
+            from rig.localcluster.controllers import upstream_crd_dir
+
+            crd_dir = upstream_crd_dir()
+            self.crd_kind = f"upstream (Go modules, Kueue {cell.kueue}, Trainer {cell.trainer})"
+        refused = REFUSED_CRDS.get(cell.kubernetes, {})
+        if refused and self.crd_kind != "minimal":
+            crd_dir = accepted_crd_dir(crd_dir, refused, cell.kubernetes)
+            self.crd_kind += (
+                f"; minimal {', '.join(sorted(refused))} (refused by kube-apiserver "
+                f"{cell.kubernetes})"
+            )
         if self._requested_workdir is not None:
             self._workdir = self._requested_workdir
             self._workdir.mkdir(parents=True, exist_ok=True)
@@ -588,6 +637,20 @@ class LocalCluster:
             parts.append(f"--- {name} (exit code {process.poll()}) ---\n{tail}")
         return "\n".join(parts)
 
+    def _check_version(self, context: ssl.SSLContext) -> None:
+        """Record the server's version; from the cache it must be the selected cell's, so a
+        cell of the version matrix cannot pass on another kube-apiserver."""
+        with urllib.request.urlopen(
+            f"{self.server_url}/version", context=context, timeout=10
+        ) as response:
+            self.server_version = str(json.loads(response.read())["gitVersion"])
+        wanted = selected_cell().kubernetes
+        if self._binary_source.startswith("cache") and self.server_version != wanted:
+            raise ControlPlaneError(
+                f"kube-apiserver from the cache reports {self.server_version}, not the "
+                f"selected {wanted}"
+            )
+
     def _wait_ready(self) -> None:
         context = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
         context.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
@@ -606,6 +669,7 @@ class LocalCluster:
                 ) as response:
                     if response.status == 200:
                         self._write_kubeconfig()
+                        self._check_version(context)
                         return
             except (urllib.error.URLError, OSError) as exc:
                 last_error = str(exc)

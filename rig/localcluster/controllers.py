@@ -66,7 +66,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 
 from certs.generate import generate_client, generate_serving
-from rig.localcluster.binaries import COMPONENTS, cache_dir, controller_binaries
+from rig.localcluster.binaries import cache_dir, components, controller_binaries
 from rig.localcluster.ports import free_port
 
 if TYPE_CHECKING:
@@ -123,14 +123,14 @@ def upstream_crd_dir() -> Path:
     the Kueue and Trainer modules (the same bytes as ../shared/crds), in the cache."""
     sources = {
         "trainer.kubeflow.org_": module_root("github.com/kubeflow/trainer/v2",
-                                             COMPONENTS["trainer"].version)
+                                             components()["trainer"].version)
         / "manifests" / "base" / "crds",
-        "kueue.x-k8s.io_": module_root("sigs.k8s.io/kueue", COMPONENTS["kueue"].version)
+        "kueue.x-k8s.io_": module_root("sigs.k8s.io/kueue", components()["kueue"].version)
         / "config" / "components" / "crd" / "bases",
     }  # fmt: skip
     from rig.localcluster.cluster import CRD_FILES
 
-    versions = "-".join(COMPONENTS[name].version for name in ("kueue", "trainer"))
+    versions = "-".join(components()[name].version for name in ("kueue", "trainer"))
     target = cache_dir() / f"crds-{versions}"
     target.mkdir(parents=True, exist_ok=True)
     for name in CRD_FILES:
@@ -614,7 +614,7 @@ class _Setup:
     # -- per controller ----------------------------------------------------------------
 
     def kueue(self, binary: Path) -> None:
-        component = COMPONENTS["kueue"]
+        component = components()["kueue"]
         root = module_root("sigs.k8s.io/kueue", component.version)
         config = root / "config" / "components"
         work = self.root / "kueue"
@@ -704,7 +704,7 @@ class _Setup:
         return self.cluster.ca.cert_pem
 
     def trainer(self, binary: Path) -> None:
-        component = COMPONENTS["trainer"]
+        component = components()["trainer"]
         root = module_root("github.com/kubeflow/trainer/v2", component.version)
         manifests = root / "manifests" / "base"
         work = self.root / "trainer"
@@ -745,7 +745,7 @@ class _Setup:
         self.result.by_name["trainer"].webhook_port = port
 
     def jobset(self, binary: Path) -> None:
-        component = COMPONENTS["jobset"]
+        component = components()["jobset"]
         root = module_root("sigs.k8s.io/jobset", component.version)
         config = root / "config" / "components"
         work = self.root / "jobset"
@@ -879,7 +879,7 @@ class _Setup:
 
     def training_runtime(self, deadline: float) -> None:
         """The upstream ClusterTrainingRuntime the TrainJobs name, through Trainer's webhook."""
-        root = module_root("github.com/kubeflow/trainer/v2", COMPONENTS["trainer"].version)
+        root = module_root("github.com/kubeflow/trainer/v2", components()["trainer"].version)
         (doc,) = _docs(root / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
         if doc["metadata"]["name"] != TRAINING_RUNTIME:
             raise _controlplane_error(f"upstream runtime renamed: {doc['metadata']['name']}")

@@ -36,7 +36,7 @@ import yaml
 from kubernetes import client as k8s
 
 from certs.generate import generate_client
-from rig.localcluster.binaries import COMPONENTS, controller_binaries
+from rig.localcluster.binaries import components, controller_binaries
 
 if TYPE_CHECKING:
     import subprocess
@@ -278,7 +278,7 @@ def start_nodes(cluster: LocalCluster, count: int) -> Nodes:
     from rig.localcluster.controllers import module_root
 
     binaries = controller_binaries(("kube-scheduler", "kwok"))
-    kwok_root = module_root("sigs.k8s.io/kwok", COMPONENTS["kwok"].version)
+    kwok_root = module_root("sigs.k8s.io/kwok", components()["kwok"].version)
     stages = tuple(kwok_root / "kustomize" / "stage" / stage for stage in _STAGES)
     work = cluster.workdir / "nodes"
     start_scheduler(cluster, binaries["kube-scheduler"])
