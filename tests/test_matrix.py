@@ -44,7 +44,15 @@ def test_todays_cell_keeps_its_binaries_and_cache_keys(tmp_path: Path) -> None:
     assert kube_apiserver_path() == cache / "kube-apiserver-v1.36.3" / "kube-apiserver"
     for name, component in COMPONENTS.items():
         # The historical folders under controllerbuild/, so the same go.sum hashes.
-        assert component.module in {"kueue", "trainer", "jobset", "kcm", "scheduler", "kwok"}
+        assert component.module in {
+            "kueue",
+            "trainer",
+            "jobset",
+            "kcm",
+            "scheduler",
+            "kwok",
+            "node",
+        }
         assert controller_binary_path(component).parent.name.startswith(
             f"{component.binary}-{component.version}-"
         ), name
