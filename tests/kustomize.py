@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -22,6 +23,32 @@ import yaml
 from tests.tool_binaries import ensure_kustomize
 
 Obj = dict[str, Any]
+
+
+# manifests/kustomization.yaml generates the ConfigMap holdwarden-config with kustomize's
+# content hash appended to its name (so that a changed configuration rolls the Pods).
+_HASHED = re.compile(r"^(?P<name>.+)-[a-z0-9]{10}$")
+
+
+def generated_as(obj: Obj, name: str) -> bool:
+    """Whether ``obj`` is named ``name``, or ``name`` with a generator's hash suffix."""
+    found = obj["metadata"]["name"]
+    if found == name:
+        return True
+    match = _HASHED.match(found)
+    return obj["kind"] in ("ConfigMap", "Secret") and match is not None and match["name"] == name
+
+
+def unhashed(objs: list[Obj], name: str = "holdwarden-config") -> list[Obj]:
+    """``objs`` with the generated ``name``'s hash suffix taken off, wherever it is named."""
+    hashed = [
+        o["metadata"]["name"] for o in objs if o["kind"] == "ConfigMap" and generated_as(o, name)
+    ]
+    if not hashed or hashed == [name]:
+        return objs
+    (full,) = hashed
+    text = yaml.safe_dump_all(objs).replace(full, name)
+    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
 
 
 class KustomizeFailed(RuntimeError):

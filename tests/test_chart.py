@@ -13,6 +13,7 @@ a bad value is refused with a message naming the field.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,7 +25,7 @@ import yaml
 from holdwarden import __version__
 from holdwarden.config import Config
 from rig.localcluster.binaries import BinariesUnavailable
-from tests.kustomize import render
+from tests.kustomize import render, unhashed
 from tests.tool_binaries import ensure_helm
 from webhook import selftest
 
@@ -122,8 +123,17 @@ def helm_template(
 
 
 def _normalized(objs: list[dict[str, Any]]) -> dict[tuple[str, str, str], Any]:
+    """Keyed by kind, namespace and name; the configuration parsed; the ConfigMap's
+    generated name unhashed and the chart's checksum annotation dropped (each is how one
+    tool rolls the Pods when the configuration changes; test_a_changed_configuration_rolls
+    checks both)."""
     out: dict[tuple[str, str, str], Any] = {}
-    for obj in objs:
+    for obj in unhashed(objs):
+        template = obj.get("spec", {}).get("template", {}).get("metadata", {})
+        annotations = template.get("annotations", {})
+        annotations.pop("checksum/config", None)
+        if "annotations" in template and not annotations:
+            del template["annotations"]
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace", ""), meta["name"])
         assert key not in out, key
@@ -269,3 +279,48 @@ def test_notes_name_the_mode_and_the_next_step(helm: Path, tmp_path: Path) -> No
         assert result.returncode == 0, result.stderr
         notes = yaml.safe_load(result.stdout)["notes"]
         assert f"(certificates: {mode})" in notes and needle in notes, (mode, notes)
+
+
+def test_a_changed_configuration_rolls(helm: Path, tmp_path: Path) -> None:
+    """The Pods read the configuration at start, so a changed one must change their
+    template: the chart's checksum annotation, kustomize's hash-suffixed ConfigMap (an
+    overlay's patch of ``holdwarden-config`` included). tests/pods checks it on real Pods."""
+
+    def checksum(values: list[str]) -> str:
+        (deployment,) = [
+            o for o in helm_template(helm, values, tmp_path) if o["kind"] == "Deployment"
+        ]
+        return str(deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum([]) != checksum(["config.webhook.shutdownDelay=6s"])
+
+    def volume(objs: list[dict[str, Any]]) -> str:
+        (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        (configmap,) = [o for o in objs if o["kind"] == "ConfigMap"]
+        assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
+        return str(configmap["metadata"]["name"])
+
+    shipped = volume(render(MANIFESTS))
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = next(o for o in render(MANIFESTS) if o["kind"] == "ConfigMap")
+    changed = base["data"]["config.yaml"].replace("shutdownDelay: 5s", "shutdownDelay: 6s")
+    assert changed != base["data"]["config.yaml"]
+    patch = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "holdwarden-config", "namespace": NAMESPACE},
+        "data": {"config.yaml": changed},
+    }
+    (overlay / "configmap.yaml").write_text(yaml.safe_dump(patch))
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS, overlay)],
+        "patches": [{"path": "configmap.yaml"}],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    patched = volume(render(overlay))
+    assert shipped.startswith("holdwarden-config-") and patched.startswith("holdwarden-config-")
+    assert shipped != patched

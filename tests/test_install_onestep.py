@@ -45,7 +45,7 @@ from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION, TRAINJOB, WORKLOAD,
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import LocalCluster
 from rig.localcluster.ports import free_port
-from tests.kustomize import render
+from tests.kustomize import generated_as, render
 from tests.test_chart import helm_template
 from tests.test_manifests_render import _call, _collection
 from tests.tool_binaries import ensure_helm
@@ -97,7 +97,7 @@ def rendered(source: str, tmp: Path) -> list[dict[str, Any]]:
 
 
 def find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    (found,) = [o for o in objs if o["kind"] == kind and generated_as(o, name)]
     return found
 
 

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from holdwarden.config import CertificatesConfig, Config, split_address
 from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION, TRAINJOB, WORKLOAD
 from rig.localcluster import LocalCluster
+from tests.kustomize import render
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -82,7 +83,6 @@ def test_every_object_is_named_and_namespaced_objects_are_in_holdwarden_system()
             # ... and that probe's Role taken back for everything but dry runs.
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
-            "ConfigMap",
             "Deployment",
             "Service",
             "PodDisruptionBudget",
@@ -148,14 +148,22 @@ def test_webhook_configuration_matches_the_contract() -> None:
 
 
 def _config() -> Config:
-    data = yaml.safe_load(one("ConfigMap")["data"]["config.yaml"])
-    return Config.from_dict(data)
+    return Config.from_dict(yaml.safe_load((MANIFESTS / "config" / "config.yaml").read_text()))
 
 
 def test_configmap_config_loads_and_agrees_with_the_deployment() -> None:
     config = _config()
-    configmap = one("ConfigMap")
-    assert configmap["metadata"]["name"] == "holdwarden-config"
+    # Generated from config/config.yaml with kustomize's content hash in its name, which
+    # the Deployment's volume names too: a changed configuration rolls the Pods.
+    (configmap,) = [o for o in render(MANIFESTS) if o["kind"] == "ConfigMap"]
+    assert re.fullmatch(r"holdwarden-config-[a-z0-9]{10}", configmap["metadata"]["name"])
+    assert yaml.safe_load(configmap["data"]["config.yaml"]) == yaml.safe_load(
+        (MANIFESTS / "config" / "config.yaml").read_text()
+    )
+    assert configmap["metadata"]["labels"]["app.kubernetes.io/component"] == "enforcer"
+    (rendered,) = [o for o in render(MANIFESTS) if o["kind"] == "Deployment"]
+    rendered_volumes = {v["name"]: v for v in rendered["spec"]["template"]["spec"]["volumes"]}
+    assert rendered_volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
     assert config.mode == "kueue"
     assert config.kueue_identities == (
         "system:serviceaccount:kueue-system:kueue-controller-manager",
@@ -201,6 +209,12 @@ def test_deployment_is_hardened_and_probed() -> None:
     assert security["capabilities"]["drop"] == ["ALL"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # A starting Pod runs only its startup probe (readiness's check, a few minutes' budget),
+    # so it is not reported failing readiness or liveness (tests/pods checks the Events).
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == container["readinessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
+    assert "initialDelaySeconds" not in container["livenessProbe"]
     assert pod["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
     assert container["args"] == [
         "serve",

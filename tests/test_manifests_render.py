@@ -27,7 +27,7 @@ from adapter.errors import NotFound
 from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
-from tests.kustomize import render
+from tests.kustomize import generated_as, render
 from tests.rbac_helpers import may, wait_allowed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,8 @@ def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    """The one ``kind`` named ``name`` (a generated ConfigMap's hash suffix aside)."""
+    (found,) = [o for o in objs if o["kind"] == kind and generated_as(o, name)]
     return found
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from holdwarden.config import CertificatesConfig, Config
 from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
-from tests.kustomize import render
+from tests.kustomize import generated_as, render
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -34,7 +34,7 @@ CERTIFICATE_RBAC = {
 
 
 def _find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    (found,) = [o for o in objs if o["kind"] == kind and generated_as(o, name)]
     return found
 
 

@@ -23,8 +23,7 @@ OWNER_FILE = MANIFESTS / "policy" / "owner-only" / "policy.yaml"
 
 
 def shipped_config() -> Config:
-    document = yaml.safe_load((MANIFESTS / "configmap.yaml").read_text())
-    return Config.from_dict(yaml.safe_load(document["data"]["config.yaml"]))
+    return Config.from_dict(yaml.safe_load((MANIFESTS / "config" / "config.yaml").read_text()))
 
 
 def test_the_shipped_policies_are_the_rendered_ones_for_the_shipped_config() -> None:

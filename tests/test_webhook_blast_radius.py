@@ -79,8 +79,7 @@ REQUEST_TIMEOUT = 20  # seconds, for every API call: nothing here may hang
 
 def _shipped_config() -> Config:
     """The configuration the manifests ship (the ConfigMap), which the rules judge with."""
-    configmap = yaml.safe_load((MANIFESTS / "configmap.yaml").read_text())
-    return Config.from_dict(yaml.safe_load(configmap["data"]["config.yaml"]))
+    return Config.from_dict(yaml.safe_load((MANIFESTS / "config" / "config.yaml").read_text()))
 
 
 CONFIG = _shipped_config()

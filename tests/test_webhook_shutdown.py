@@ -349,8 +349,8 @@ def test_pre_stop_and_drain_fit_in_the_termination_grace_period() -> None:
     (container,) = [c for c in pod["containers"] if c["name"] == "enforcer"]
     pre_stop = container["lifecycle"]["preStop"]
     sleep = float(pre_stop["sleep"]["seconds"])
-    configmap = yaml.safe_load((MANIFESTS / "configmap.yaml").read_text())
-    hook = Config.from_dict(yaml.safe_load(configmap["data"]["config.yaml"])).webhook
+    config_file = MANIFESTS / "config" / "config.yaml"
+    hook = Config.from_dict(yaml.safe_load(config_file.read_text())).webhook
     # preStop runs first, then SIGTERM: the delay, then at most the drain, then exit.
     needed = sleep + hook.shutdown_delay.total_seconds() + hook.drain_timeout.total_seconds()
     grace = float(pod["terminationGracePeriodSeconds"])

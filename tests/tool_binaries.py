@@ -1,11 +1,12 @@
-"""The CLIs the manifest tests run, Helm and kustomize, each built once from the Go module
-proxy.
+"""The CLIs the manifest tests run, Helm and kustomize, and kubectl for the real node's
+installs (tests/pods), each built once from the Go module proxy.
 
 ``python -m tests.tool_binaries`` (part of ``make binaries``) builds each tool at its pinned
 version from its committed module in ``tools/<name>`` (go.mod/go.sum pin every dependency;
 ``-mod=readonly``, so the build never resolves a version on its own) into
-``$HOLDWARDEN_CACHE``, beside kube-apiserver. ``HOLDWARDEN_HELM`` / ``HOLDWARDEN_KUSTOMIZE``
-may name a prebuilt binary instead (its version is then the caller's responsibility).
+``$HOLDWARDEN_CACHE``, beside kube-apiserver. ``HOLDWARDEN_HELM``, ``HOLDWARDEN_KUSTOMIZE``
+and ``HOLDWARDEN_KUBECTL`` may name a prebuilt binary instead (its version is then the
+caller's responsibility). kubectl v1.36.3 embeds kustomize v5.8.1 for ``apply -k``.
 
 Built by rig/localcluster/binaries.py's ``go_build``: a build writes ``<name>.partial``
 and renames it into place under a file lock, so an interrupted or concurrent build never
@@ -49,6 +50,16 @@ KUSTOMIZE = Tool(
     "kustomize", "v5.5.0", "sigs.k8s.io/kustomize/kustomize/v5",
     "-s -w -X sigs.k8s.io/kustomize/api/provenance.version=v5.5.0", "HOLDWARDEN_KUSTOMIZE",
 )  # fmt: skip
+# kubectl for the real node's installs (tests/pods): the control plane's release, built from
+# the same k8s.io/kubernetes module (its staging modules replaced by their v0.36.3 tags).
+KUBECTL = Tool(
+    "kubectl", "v1.36.3", "k8s.io/kubernetes/cmd/kubectl",
+    "-s -w -X k8s.io/component-base/version.gitVersion=v1.36.3"
+    " -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"
+    " -X k8s.io/component-base/version.gitTreeState=clean"
+    " -X k8s.io/client-go/pkg/version.gitVersion=v1.36.3",
+    "HOLDWARDEN_KUBECTL",
+)  # fmt: skip
 HELM_VERSION = HELM.version
 
 
@@ -90,9 +101,13 @@ def ensure_kustomize(log: bool = True) -> Path:
     return ensure_tool(KUSTOMIZE, log)
 
 
+def ensure_kubectl(log: bool = True) -> Path:
+    return ensure_tool(KUBECTL, log)
+
+
 def main() -> int:
     try:
-        for tool in (HELM, KUSTOMIZE):
+        for tool in (HELM, KUSTOMIZE, KUBECTL):
             print(f"{tool.name}: {ensure_tool(tool)}")
     except BinariesUnavailable as exc:
         print(f"holdwarden: {exc}", file=sys.stderr)

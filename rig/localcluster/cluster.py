@@ -482,14 +482,12 @@ class LocalCluster:
         return self._link.host if self._link is not None else "127.0.0.1"
 
     def _write_credentials(self) -> None:
-        from rig.localcluster.realnode import SERVICE_IP
-
         work = self.workdir
         self.ca = generate_ca(common_name="holdwarden-local-ca")
         addresses = ["127.0.0.1"]
         if self._link is not None:
             # Pods verify the apiserver at the kubernetes Service's cluster IP.
-            addresses += [self._link.host, SERVICE_IP]
+            addresses += [self._link.host, self._link.service_ip]
         serving = generate_serving(
             self.ca, "kubernetes", "default", extra_dns=["localhost"], ip_addresses=addresses
         )
@@ -606,7 +604,8 @@ class LocalCluster:
                 f"--service-account-signing-key-file={work / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--api-audiences=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.96.0.0/16",
+                "--service-cluster-ip-range="
+                + (self._link.services if self._link is not None else "10.96.0.0/16"),
                 "--allow-privileged=true",
                 f"--request-timeout={int(self.request_timeout.total_seconds())}s",
                 # Admission webhooks registered by tests live on 127.0.0.1.

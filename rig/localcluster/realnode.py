@@ -23,8 +23,11 @@
   apiserver calls it with the admin certificate, ``--kubelet-preferred-address-types=
   InternalIP``).
 - **kube-proxy** v1.36.3, iptables mode, as ``system:kube-proxy``; it carries Pods to the
-  ``kubernetes`` Service (10.96.0.1:443), whose endpoint the apiserver keeps (the lease
-  reconciler, with the link address advertised).
+  ``kubernetes`` Service (the first address of the run's Service range, a /24 of
+  10.96.0.0/12 drawn with the link), whose endpoint the apiserver keeps (the lease
+  reconciler, with the link address advertised). The host routes that range into the
+  node's namespace, so the apiserver reaches a Service's cluster IP too (an admission
+  webhook's ``clientConfig.service``) through kube-proxy's rules, as a Pod does.
 - The images: the sandbox image ``images.PAUSE_IMAGE`` (a static Go program) is imported
   before the kubelet starts; ``import_image(path)`` imports any image archive into the
   CRI's namespace (``ctr -n k8s.io images import``, no registry).
@@ -81,9 +84,10 @@ NETNS_PREFIX = "holdwarden-"
 CRI_NAMESPACE = "k8s.io"
 POD_SUBNET = "10.244.0.0/24"
 BRIDGE = "hw0"
-SERVICE_IP = "10.96.0.1"
-"""The ``kubernetes`` Service's cluster IP (first of --service-cluster-ip-range)."""
 _LINK_POOL = ipaddress.ip_network("100.64.0.0/10")
+# Each run's Service range, a /24 of this pool drawn with its link: the host routes it to
+# the node's namespace, so two runs on one machine must not share one.
+_SERVICE_POOL = ipaddress.ip_network("10.96.0.0/12")
 _READY_TIMEOUT_S = 120.0
 _CLONE_NEWNET = 0x40000000
 
@@ -129,10 +133,17 @@ class Link:
     host_if: str
     host: str
     node: str
+    services: str
+    """This run's --service-cluster-ip-range (a /24), routed from the host to the node."""
 
     @property
     def netns_path(self) -> Path:
         return NETNS_DIR / self.netns
+
+    @property
+    def service_ip(self) -> str:
+        """The ``kubernetes`` Service's cluster IP (the range's first address)."""
+        return str(next(ipaddress.ip_network(self.services).hosts()))
 
 
 def _addresses_in_use() -> set[ipaddress.IPv4Network]:
@@ -141,6 +152,16 @@ def _addresses_in_use() -> set[ipaddress.IPv4Network]:
         match = re.search(r"inet (\S+)", line)
         if match:
             used.add(ipaddress.ip_interface(match.group(1)).network)  # type: ignore[arg-type]
+    return used
+
+
+def _routes_in_use() -> set[ipaddress.IPv4Network]:
+    used: set[ipaddress.IPv4Network] = set()
+    for line in _run(["ip", "-4", "-o", "route", "show"]).splitlines():
+        first = line.split()[0] if line.split() else ""
+        if first and first != "default":
+            with contextlib.suppress(ValueError):
+                used.add(ipaddress.IPv4Network(first, strict=False))
     return used
 
 
@@ -176,8 +197,18 @@ def create_link() -> Link:
                 break
         else:
             raise _controlplane_error("no free /30 in 100.64.0.0/10 for the node's link")
+        routed = _routes_in_use()
+        for _ in range(1000):
+            start = int(_SERVICE_POOL.network_address) + 256 * random.randrange(
+                _SERVICE_POOL.num_addresses // 256
+            )
+            services = ipaddress.ip_network(f"{ipaddress.ip_address(start)}/24")
+            if not any(services.overlaps(network) for network in routed | used):
+                break
+        else:
+            raise _controlplane_error("no free /24 in 10.96.0.0/12 for the node's Services")
         host, node = (str(address) for address in list(subnet.hosts())[:2])
-        link = Link(netns, host_if, host, node)
+        link = Link(netns, host_if, host, node, str(services))
         try:
             _run(["ip", "netns", "add", netns])
             _run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0",
@@ -189,6 +220,10 @@ def create_link() -> Link:
             _run([*inside, "link", "set", "eth0", "up"])
             _run([*inside, "link", "set", "lo", "up"])
             _run([*inside, "route", "add", "default", "via", host])
+            # The apiserver (on the host) reaches Services as Pods do: their cluster IPs
+            # are routed into the node's namespace, where kube-proxy's rules carry them to
+            # the Pods (admission webhooks behind a Service). The route goes with the veth.
+            _run(["ip", "route", "add", str(services), "via", node, "dev", host_if])
             # Pods' packets to the apiserver are forwarded from the bridge to eth0.
             _run(["nsenter", f"--net={link.netns_path}", "sysctl", "-qw",
                   "net.ipv4.ip_forward=1"])  # fmt: skip
@@ -274,7 +309,7 @@ def reap_node(root: Path, netns: str, host_if: str, pod_netns: Iterable[str] = (
     for name in sorted({*pod_netns, *from_state}):
         if (NETNS_DIR / name).exists():
             _run(["ip", "netns", "delete", name], check=False)
-    delete_link(Link(netns, host_if, "", ""))
+    delete_link(Link(netns, host_if, "", "", ""))
     Path(f"/run/holdwarden-node-{netns}").unlink(missing_ok=True)
 
 
@@ -291,7 +326,7 @@ def sweep_stale_nodes() -> list[str]:
         if marker.is_file():
             reap_node(Path(marker.read_text().strip()), entry.name, f"hw{match.group(2)}h")
         else:
-            delete_link(Link(entry.name, f"hw{match.group(2)}h", "", ""))
+            delete_link(Link(entry.name, f"hw{match.group(2)}h", "", "", ""))
         removed.append(entry.name)
     return removed
 

@@ -40,6 +40,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(line)
 
 
+def report(line: str) -> None:
+    """Print ``line`` in the run's summary."""
+    _REPORT.append(line)
+
+
 def report_rss(cluster: LocalCluster, when: str) -> None:
     """Print (in the summary) every component's RSS now."""
     rss = cluster.rss_kib()

@@ -110,7 +110,9 @@ def test_pod_reaches_the_apiserver_through_the_kubernetes_service(
         # The log, read through the apiserver from the kubelet on the node.
         log = core.read_namespaced_pod_log("hello", pods_namespace)
         assert phase == "Succeeded", log
-        assert "GET https://10.96.0.1:443/version: 200 OK" in log, log
+        assert pods_cluster._link is not None
+        service = f"https://{pods_cluster._link.service_ip}:443/version: 200 OK"
+        assert service in log, log
         assert '"gitVersion": "v1.36.3"' in log, log
         core.delete_namespaced_pod("hello", pods_namespace)
         _wait_for(
