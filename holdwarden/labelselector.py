@@ -14,6 +14,7 @@ or its value is none of them; ``Exists`` / ``DoesNotExist``: the key is (not) pr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +134,18 @@ def parse(data: Any, path: str) -> LabelSelector:
         for index, item in enumerate(raw_expressions)
     ]
     return LabelSelector(tuple(pairs), tuple(requirements))
+
+
+def from_flag(text: str | None, flag: str) -> LabelSelector:
+    """A selector given on a command line as JSON (``flag`` names it in errors); Kueue's
+    default when ``text`` is empty."""
+    if not text:
+        return kueue_default()
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SelectorError(flag, f"not JSON: {exc}") from None
+    return parse(data, flag)
 
 
 def _requirement(item: Any, path: str) -> Requirement:

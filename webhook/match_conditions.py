@@ -293,15 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     identities = tuple(args.identities) if args.identities else DEFAULT_KUEUE_IDENTITIES
     if args.kueue_namespace_entry:
-        selector = labelselector.kueue_default()
-        if args.managed_jobs_namespace_selector:
-            try:
-                selector = labelselector.parse(
-                    json.loads(args.managed_jobs_namespace_selector),
-                    "--managed-jobs-namespace-selector",
-                )
-            except (ValueError, labelselector.SelectorError) as exc:
-                parser.error(f"--managed-jobs-namespace-selector: {exc}")
+        try:
+            selector = labelselector.from_flag(
+                args.managed_jobs_namespace_selector, "--managed-jobs-namespace-selector"
+            )
+        except labelselector.SelectorError as exc:
+            parser.error(f"--managed-jobs-namespace-selector: {exc}")
         sys.stdout.write(kueue_namespace_patch(selector, identities))
         return 0
     sys.stdout.write(overlay_patch(args.prefix, identities))

@@ -520,15 +520,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.kueue_namespace_policy:
-        selector = labelselector.kueue_default()
-        if args.managed_jobs_namespace_selector:
-            try:
-                selector = labelselector.parse(
-                    json.loads(args.managed_jobs_namespace_selector),
-                    "--managed-jobs-namespace-selector",
-                )
-            except (ValueError, labelselector.SelectorError) as exc:
-                parser.error(f"--managed-jobs-namespace-selector: {exc}")
+        try:
+            selector = labelselector.from_flag(
+                args.managed_jobs_namespace_selector, "--managed-jobs-namespace-selector"
+            )
+        except labelselector.SelectorError as exc:
+            parser.error(f"--managed-jobs-namespace-selector: {exc}")
         identities = tuple(args.identities) if args.identities else DEFAULT_KUEUE_IDENTITIES
         sys.stdout.write(kueue_namespace_manifest(args.prefix, identities, selector))
     elif args.owner_only:
