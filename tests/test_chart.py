@@ -245,7 +245,7 @@ def test_the_helm_test_pod_sends_one_review_trusting_the_webhooks_ca(
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     command = container["command"]
-    assert command[:3] == ["python", "-m", "webhook.selftest"]
+    assert command[:3] == ["python3", "-m", "webhook.selftest"]
     assert command[command.index("--url") + 1] == f"https://holdwarden.{NAMESPACE}.svc:443/validate"
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["ca"]["secret"]["secretName"] == secret
