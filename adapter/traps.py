@@ -414,8 +414,9 @@ def force_delete_capability(
         return Capability(
             False,
             f"{' and '.join(problems)}: with {FAILURE_RECOVERY_FEATURE_GATE} on, Kueue "
-            "force-deletes such a pod a minute after it is left Terminating on an "
-            "unreachable node, and the readmission gate then counts it gone although the "
+            "force-deletes such a pod a minute past its deletionTimestamp (its grace period "
+            "plus a minute after its deletion) when its node is tainted unreachable, and the "
+            "readmission gate then counts it gone although the "
             "lost node may still run it, so a released job can run twice; remove the "
             f"annotation from the pod templates of held jobs (docs/enforcer.md, "
             f"\"What 'gone' means\"){blind}",
