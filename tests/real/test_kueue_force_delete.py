@@ -237,6 +237,9 @@ def test_kueue_force_deletes_an_opted_in_pod_on_a_lost_node_and_the_gate_counts_
         assert all(name in warned.reason for name in opted_in), warned
         assert f"{KUEUE_CONFIG_MAP}'s" in warned.reason, warned
         assert f"turns on the {FAILURE_RECOVERY_FEATURE_GATE} feature gate" in warned.reason
+        # The configuration has a featureGates mapping, so no flag can be in play: nothing
+        # is left unseen.
+        assert "not seen" not in warned.reason, warned
 
         lost = sorted(set(running.values()))[0]
         on_lost = {str(p.metadata.name) for p in objects.pods_on(lost) if p.metadata}
