@@ -23,7 +23,7 @@ by its TrainJob and labelled with its uid, as Kueue makes them), created directl
    latency: one gated Workload waits on its job's last pod; that pod is deleted and the time
    until the gate has marked the check Ready is measured (five times).
 
-What grows with N and what must not: see docs/enforcer.md, "Scale". The suite runs a small
+What grows with N and what must not: see docs/performance/scale.md. The suite runs a small
 version (``tests/test_scale_smoke.py``) that checks the counts, not the times.
 """
 
