@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
+from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
 from holdwarden.labelselector import LabelSelector
 from readmission.controller import ReadmissionGate
@@ -30,7 +31,6 @@ from rig.localcluster.realstory import make_admission_check, wait_until_enforced
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.match_conditions import kueue_namespace_webhook
-from webhook.server import EnforcerServer
 
 ENFORCED_LABEL = "holdwarden.io/real-e2e"
 ENFORCER_WEBHOOK = "holds.holdwarden.io"
