@@ -28,7 +28,7 @@ from readmission.controller import (
 )
 from readmission.decisions import granted_attempt
 from rig.builders import trainjob_body, workload_body
-from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
+from rig.localcluster import GATE_IDENTITY, LocalCluster
 from tests.actors import KueueActor, TrainerActor
 from tests.netfaults import FreezableProxy
 
@@ -80,7 +80,7 @@ def failover_gate_config(check_name: str) -> Config:
 
 
 def _gate(cluster: LocalCluster, check_name: str) -> ReadmissionGate:
-    return ReadmissionGate(gate_config(check_name), cluster.api_client(ENFORCER_IDENTITY))
+    return ReadmissionGate(gate_config(check_name), cluster.api_client(GATE_IDENTITY))
 
 
 class Objects:
@@ -273,7 +273,7 @@ def test_gate_stops_within_its_bound_when_the_apiserver_goes_silent(
     start from its first line on. Before, the worker, the Lease's release (10 s a request)
     and each watch were each waited on for the whole timeout, one after another."""
     proxy = FreezableProxy.in_front_of(cluster.server_url)
-    api = cluster.api_client(ENFORCER_IDENTITY)
+    api = cluster.api_client(GATE_IDENTITY)
     api.configuration.host = proxy.url
     config = gate_config(
         check_name,

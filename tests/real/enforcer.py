@@ -26,7 +26,7 @@ from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
 from holdwarden.labelselector import LabelSelector
 from readmission.controller import ReadmissionGate
-from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
+from rig.localcluster import GATE_IDENTITY, LocalCluster
 from rig.localcluster.realstory import make_admission_check, wait_until_enforced
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
@@ -118,7 +118,7 @@ def enforcement(
     )
     with cluster.api_client() as admin:
         make_admission_check(admin, check_name, f"holdwarden.io/{check_name}")
-        gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+        gate = ReadmissionGate(config, cluster.api_client(GATE_IDENTITY))
         gate.start()
         try:
             with _enforcer_thread(
