@@ -289,7 +289,7 @@ def gate_at_scale(cluster: LocalCluster, pods: int, decisions: int = 5) -> dict[
     import subprocess
 
     from holdwarden.vocabulary import JOBSET_NAME_LABEL
-    from rig.localcluster import ENFORCER_IDENTITY
+    from rig.localcluster import GATE_IDENTITY
     from rig.localcluster.realstory import make_admission_check
 
     namespace = cluster.create_namespace(f"gate-{uuid.uuid4().hex[:6]}")
@@ -300,7 +300,7 @@ def gate_at_scale(cluster: LocalCluster, pods: int, decisions: int = 5) -> dict[
         make_admission_check(admin, check, controller)
         child = subprocess.Popen(
             [sys.executable, "-c", _GATE_CHILD, cluster.server_url, str(cluster.workdir),
-             ENFORCER_IDENTITY, controller],
+             GATE_IDENTITY, controller],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         try:
