@@ -98,7 +98,8 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: test-setup lint typecheck test-pythons
-	$(VENV)/bin/pytest -q
+	# The 30 slowest tests at the end: where the suite's time goes (docs/performance/).
+	$(VENV)/bin/pytest -q --durations=30
 	# The API floor (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy
 	# twin's parity, preflight's dry-run probe and the one-step install, the same tests.
 	$(PY) -m rig.localcluster.matrix --cell floor
