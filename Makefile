@@ -47,7 +47,8 @@ $(VENV)-%/.installed-stamp: pyproject.toml
 binaries: $(STAMP) node-packages
 	# kube-apiserver, and the real Kueue, Trainer, JobSet and kube-controller-manager that
 	# tests/real runs, kube-scheduler and kwok for its nodes, and kubelet and kube-proxy
-	# for tests/pods' real node (about 18 minutes of builds cold on two cores; cached after).
+	# for tests/pods' real node, and its cluster DNS (CoreDNS with few plugins) (about 18
+	# minutes of builds cold on two cores; cached after).
 	$(PY) -m rig.localcluster --controllers
 	# The API floor's kube-apiserver (v1.30.14; about 8-10 more minutes cold), for the floor
 	# cell that `make test` runs last.
