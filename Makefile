@@ -23,7 +23,7 @@ PYTHONS_TESTS := tests/test_webhook_review.py tests/test_webhook_rules.py \
 	tests/test_audit_rotation.py tests/test_adapter_kube.py tests/test_adapter_aio.py \
 	--deselect tests/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
 
-.PHONY: test test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
+.PHONY: test test-setup binaries-kubernetes binaries-others test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
 
 # $(call make_venv,INTERPRETER,VENV): the project with its dev dependencies in VENV.
 define make_venv
@@ -44,17 +44,34 @@ $(VENV)-%/.installed-stamp: pyproject.toml
 	@rig/find-python $* >/dev/null
 	$(call make_venv,"$$(rig/find-python $*)",$(VENV)-$*)
 
+# The binaries in two lanes at once (make -j2): the Kubernetes family, which shares most of
+# its compiled packages through Go's build cache, and everything else; one lane's link steps,
+# module downloads and single-threaded tails overlap the other's compiling.
+KUBERNETES_LANE := kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy,coredns
+OTHERS_LANE := etcd,kueue,trainer,jobset,kwok
+
 binaries: $(STAMP) node-packages
-	# kube-apiserver, and the real Kueue, Trainer, JobSet and kube-controller-manager that
-	# tests/real runs, kube-scheduler and kwok for its nodes, and kubelet and kube-proxy
-	# for tests/pods' real node, and its cluster DNS (CoreDNS with few plugins) (about 18
-	# minutes of builds cold on two cores; cached after).
-	$(PY) -m rig.localcluster --controllers
-	# The API floor's kube-apiserver (v1.30.14; about 8-10 more minutes cold), for the floor
-	# cell that `make test` runs last.
-	HOLDWARDEN_KUBERNETES_VERSION=v1.30.14 $(PY) -m rig.localcluster
-	# Helm and kustomize for the manifest tests (tests/test_chart.py, ...), built once.
-	$(PY) -m tests.tool_binaries
+	$(MAKE) --no-print-directory -j2 --output-sync=target binaries-kubernetes binaries-others
+
+# `make test`'s set-up: the two lanes and the image (mostly downloads and dpkg), all at once.
+test-setup: $(STAMP) node-packages
+	$(MAKE) --no-print-directory -j3 --output-sync=target binaries-kubernetes binaries-others image
+
+# kube-apiserver, and the kube-controller-manager that tests/real runs, kube-scheduler for
+# its nodes, kubelet and kube-proxy for tests/pods' real node and its cluster DNS (CoreDNS,
+# after kubelet: its modules shared with kubelet's are at their versions), and kubectl for
+# its installs.
+binaries-kubernetes: $(STAMP)
+	$(PY) -m rig.localcluster --only $(KUBERNETES_LANE)
+	$(PY) -m tests.tool_binaries kubectl
+
+# etcd, the real Kueue, Trainer and JobSet that tests/real runs and kwok for its nodes; Helm
+# and kustomize for the manifest tests (tests/test_chart.py, ...); the API floor's
+# kube-apiserver (v1.30.14), for the floor cell that `make test` runs last.
+binaries-others: $(STAMP)
+	$(PY) -m rig.localcluster --only $(OTHERS_LANE)
+	$(PY) -m tests.tool_binaries helm kustomize
+	HOLDWARDEN_KUBERNETES_VERSION=v1.30.14 $(PY) -m rig.localcluster --only kube-apiserver
 
 # The Debian packages of tests/pods' real node (containerd, runc, CNI plugins, iptables,
 # conntrack): apt-get, non-interactive, only those missing (rig/localcluster/hostpackages.py).
@@ -82,8 +99,9 @@ image: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: binaries lint typecheck test-pythons
-	$(VENV)/bin/pytest -q
+test: test-setup lint typecheck test-pythons
+	# The 30 slowest tests at the end: where the suite's time goes (docs/performance/).
+	$(VENV)/bin/pytest -q --durations=30
 	# The API floor (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy
 	# twin's parity, preflight's dry-run probe and the one-step install, the same tests.
 	$(PY) -m rig.localcluster.matrix --cell floor

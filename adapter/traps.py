@@ -341,6 +341,12 @@ class KueueSettings:
     default in v0.19; the gate may also be set on Kueue's command line, which is not here)."""
     after_deactivated_by_kueue: str | None
     """objectRetentionPolicies.workloads.afterDeactivatedByKueue as written; None: unset."""
+    feature_gates_set: bool = False
+    """The file has a ``featureGates`` mapping. Kueue (v0.17 to v0.19 at least) then
+    refuses to start with a ``--feature-gates`` flag too ("feature gates for CLI and
+    configuration cannot both specified"), so a gate the mapping leaves out is at its
+    default; without the mapping, the flag (which Kueue's Helm chart uses for
+    ``controllerManager.featureGates``) may set it, unseen here."""
 
 
 def kueue_settings(text: str) -> KueueSettings:
@@ -361,6 +367,7 @@ def kueue_settings(text: str) -> KueueSettings:
     return KueueSettings(
         failure_recovery=gate if isinstance(gate, bool) else None,
         after_deactivated_by_kueue=None if after is None else str(after),
+        feature_gates_set=isinstance(gates, dict),
     )
 
 
@@ -404,18 +411,24 @@ def force_delete_capability(
         unseen.append(pods_error)
     if settings_error:
         unseen.append(settings_error)
-    elif settings is not None and settings.failure_recovery is None:
+    elif (
+        settings is not None
+        and settings.failure_recovery is None
+        and not settings.feature_gates_set
+    ):
         unseen.append(
-            f"{where} does not set {FAILURE_RECOVERY_FEATURE_GATE} (off by default; Kueue's "
-            "--feature-gates flag, which is not visible here, may still turn it on)"
+            f"{where} sets no featureGates, so Kueue's --feature-gates flag (where Kueue's "
+            "Helm chart puts controllerManager.featureGates), which is not visible here, may "
+            f"turn {FAILURE_RECOVERY_FEATURE_GATE} on (it is off by default)"
         )
     blind = f"; not seen: {'; '.join(unseen)}" if unseen else ""
     if problems:
         return Capability(
             False,
             f"{' and '.join(problems)}: with {FAILURE_RECOVERY_FEATURE_GATE} on, Kueue "
-            "force-deletes such a pod a minute after it is left Terminating on an "
-            "unreachable node, and the readmission gate then counts it gone although the "
+            "force-deletes such a pod a minute past its deletionTimestamp (its grace period "
+            "plus a minute after its deletion) when its node is tainted unreachable, and the "
+            "readmission gate then counts it gone although the "
             "lost node may still run it, so a released job can run twice; remove the "
             f"annotation from the pod templates of held jobs (docs/enforcer.md, "
             f"\"What 'gone' means\"){blind}",

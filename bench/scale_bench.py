@@ -23,7 +23,7 @@ by its TrainJob and labelled with its uid, as Kueue makes them), created directl
    latency: one gated Workload waits on its job's last pod; that pod is deleted and the time
    until the gate has marked the check Ready is measured (five times).
 
-What grows with N and what must not: see docs/enforcer.md, "Scale". The suite runs a small
+What grows with N and what must not: see docs/performance/scale.md. The suite runs a small
 version (``tests/test_scale_smoke.py``) that checks the counts, not the times.
 """
 
@@ -289,7 +289,7 @@ def gate_at_scale(cluster: LocalCluster, pods: int, decisions: int = 5) -> dict[
     import subprocess
 
     from holdwarden.vocabulary import JOBSET_NAME_LABEL
-    from rig.localcluster import ENFORCER_IDENTITY
+    from rig.localcluster import GATE_IDENTITY
     from rig.localcluster.realstory import make_admission_check
 
     namespace = cluster.create_namespace(f"gate-{uuid.uuid4().hex[:6]}")
@@ -300,7 +300,7 @@ def gate_at_scale(cluster: LocalCluster, pods: int, decisions: int = 5) -> dict[
         make_admission_check(admin, check, controller)
         child = subprocess.Popen(
             [sys.executable, "-c", _GATE_CHILD, cluster.server_url, str(cluster.workdir),
-             ENFORCER_IDENTITY, controller],
+             GATE_IDENTITY, controller],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         try:

@@ -1,7 +1,7 @@
 """How each cost grows with the number of objects: a plot from ``bench/scale_bench.py --json``.
 
     .venv/bin/python bench/scale_bench.py --sizes 1000,10000,100000 --pods '' --json > s.json
-    .venv/bin/python bench/scale_plot.py s.json docs/scale.png
+    .venv/bin/python bench/scale_plot.py s.json docs/performance/scale.png
 
 Two panels, N on a log axis: the UPDATE latency (p50) with no admission, the enforcer and
 the policy twin, per kind, and what the enforcer adds (which must not grow with N); and

@@ -126,8 +126,9 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
     from aiohttp import web
 
     from certs.reload import ReloadingTLS
+    from holdwarden.cli.enforcer import EnforcerServer
+    from holdwarden.cli.logs import configure_logging
     from holdwarden.config import WebhookConfig
-    from webhook.server import EnforcerServer, configure_logging
 
     async def main() -> None:
         tls = ReloadingTLS(cert_dir / "tls.crt", cert_dir / "tls.key")

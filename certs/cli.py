@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 
@@ -33,6 +33,9 @@ from certs.generate import (
     generate_ca,
     generate_serving,
 )
+
+if TYPE_CHECKING:
+    from certs.enforcing import Verifier
 
 DEFAULT_WEBHOOK_CONFIG = "holdwarden-enforcer"
 DEFAULT_SERVICE = "holdwarden"
@@ -66,7 +69,9 @@ def _validity_arg(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: argparse._SubParsersAction[Any], verify: Verifier) -> None:
+    """``verify``: how ``certs enforce`` verifies the enforcer answers (the roof hands in
+    the adapter's preflight probe; certs/enforcing.py)."""
     certs = subparsers.add_parser(
         "certs",
         help="make, inject, rotate and inspect the enforcer's certificates",
@@ -137,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     enforce.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (as for inject)")
     enforce.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
-    enforce.set_defaults(handler=_guard(_enforce))
+    enforce.set_defaults(handler=_guard(_enforce), verify=verify)
 
     rotate = sub.add_parser(
         "rotate",
@@ -341,7 +346,7 @@ def _enforce(args: argparse.Namespace) -> int:
                     return 2
                 _error(args, f"API request failed: {exc.status} {exc.reason}")
                 return 1
-            verdict = reconcile(config, api_client, configuration, 30.0)
+            verdict = reconcile(config, api_client, configuration, 30.0, args.verify)
             done = verdict.changed or all(p == verdict.wanted for p in verdict.current)
             print(f"ValidatingWebhookConfiguration {args.webhook_config}: {verdict.reason}")
             if done:

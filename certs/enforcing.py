@@ -8,7 +8,8 @@ defence-in-depth component and the chart's ``failurePolicy`` value set ``Ignore`
 self-managed leader (certs/selfmanaged.py), once the caBundle is injected, verifies through
 the apiserver that the enforcer answers, with the adapter's own preflight probe (a
 server-side dry-run write the enforcer must refuse, in ``webhook.certificates
-.probeNamespace``), and only then writes the wanted policy. It checks again every interval,
+.probeNamespace``; handed in by the roof as a ``Verifier``), and only then writes the
+wanted policy. It checks again every interval,
 so a re-apply that resets the field to ``Ignore`` is corrected once the probe passes again;
 a wanted ``Ignore`` needs no probe.
 
@@ -18,6 +19,7 @@ the next interval); nothing here creates the configuration, so a deleted one sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,16 +62,11 @@ def current_policies(configuration: Any) -> tuple[str, ...]:
     return tuple((w.failure_policy or "Fail") for w in configuration.webhooks or [])
 
 
-def verify_enforcer(config: Config, api: k8s.ApiClient, namespace: str) -> tuple[bool, str]:
-    """Does the enforcer answer through the apiserver? The adapter's preflight probe (a
-    server-side dry-run create of a held object without its hold field, which the enforcer
-    must refuse by its rule; adapter/preflight.py), in ``namespace``. (True, why) or (False, why).
-    """
-    from adapter.kube import Adapter  # the enforcer loads the adapter only to verify
-
-    with Adapter(config, api) as adapter:
-        found = adapter.preflight(namespace).enforcer_installed
-    return found.supported, found.reason
+Verifier = Callable[[Config, k8s.ApiClient, str], tuple[bool, str]]
+"""Does the enforcer answer through the apiserver, probed in the namespace given? (True,
+why) or (False, why). The roof hands in the adapter's preflight probe (a server-side dry-run
+create of a held object without its hold field, which the enforcer must refuse by its rule:
+``holdwarden.cli.serve.verify_enforcer``), so that certs/ imports no other part."""
 
 
 def set_failure_policy(
@@ -96,6 +93,7 @@ def reconcile(
     api: k8s.ApiClient,
     configuration: Any,
     request_timeout: float,
+    verify: Verifier,
 ) -> Verdict:
     """One look: leave the policy alone if it is the wanted one; set ``Ignore`` at once;
     set ``Fail`` only after the enforcer refused the probe through the apiserver."""
@@ -105,7 +103,7 @@ def reconcile(
         return Verdict(wanted, current, False, f"failurePolicy is {wanted}")
     if wanted == "Fail":
         namespace = config.webhook.certificates.probe_namespace
-        answered, why = verify_enforcer(config, api, namespace)
+        answered, why = verify(config, api, namespace)
         if not answered:
             return Verdict(
                 wanted,

@@ -65,7 +65,7 @@ from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespac
 
 log = logging.getLogger("holdwarden.certs.selfmanaged")
 # How long the watch's end may take to stop campaigning and release the Lease: less than
-# the EnforcerServer waits for it at stop (webhook.server.TLS_STOP_SECONDS).
+# the EnforcerServer waits for it at stop (holdwarden.cli.serve.TLS_STOP_SECONDS).
 LEASE_STOP_SECONDS = 1.5
 
 MAX_STEPS = 8  # writes per interval at most: create, inject, ... then wait for the next
@@ -178,18 +178,22 @@ def view_of(
 
 
 class SelfManagedTLS:
-    """A TLS source (``webhook.server.TLSSource``) fed from the Secret, and, on the Lease
-    holder, the writer of that Secret and of the caBundle."""
+    """A TLS source (``webhook.server.TLSSource``, served by ``holdwarden serve``) fed from
+    the Secret, and, on the Lease holder, the writer of that Secret and of the caBundle."""
 
     def __init__(
         self,
         config: Config,
         api_client: k8s.ApiClient,
         *,
+        verify: enforcing.Verifier,
         identity: str | None = None,
         timing: ElectionTiming | None = None,
     ) -> None:
         self.config = config
+        # How the leader verifies the enforcer answers before it sets failurePolicy Fail
+        # (certs/enforcing.py; the roof hands in the adapter's preflight probe).
+        self.verify = verify
         self.settings = config.webhook.certificates
         self.namespace = self.settings.namespace or pod_namespace()
         self.where = f"Secret {self.namespace}/{self.settings.secret_name}"
@@ -335,7 +339,7 @@ class SelfManagedTLS:
         if {fingerprint(c) for c in injected} != {fingerprint(c) for c in certs.bundle}:
             return  # the bundle is not injected yet (or is being rotated): next interval
         verdict = enforcing.reconcile(
-            self.config, self.api, self._configuration, self.request_timeout
+            self.config, self.api, self._configuration, self.request_timeout, self.verify
         )
         if verdict.changed:
             self.writes["failure-policy"] = self.writes.get("failure-policy", 0) + 1

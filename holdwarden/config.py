@@ -145,9 +145,14 @@ class WebhookConfig:
 
 @dataclass(frozen=True)
 class ReadmissionConfig:
-    """The readmission gate: a Kueue AdmissionCheck controller run by ``holdwarden serve``."""
+    """The readmission gate: a Kueue AdmissionCheck controller run by ``holdwarden gate``
+    (its own process and Deployment). ``enabled`` says whether it is installed: the shipped
+    manifests and chart run the gate's Deployment only then, and ``holdwarden serve`` no
+    longer runs it whatever it says."""
 
     enabled: bool = False
+    # The gate process's metrics and health endpoints (GET /metrics, /healthz, /readyz).
+    metrics_address: str = "0.0.0.0:9091"
     controller_name: str = "holdwarden.io/readmission"
     # The resync period: every gated Workload is decided again from the watch cache this
     # often (no API request), a safety net behind the watch events.
@@ -328,6 +333,10 @@ class Config:
         multikueue.finish()
         readmission = ReadmissionConfig(
             enabled=gate.pop_bool("enabled", gate_defaults.enabled),
+            metrics_address=_address(
+                gate.pop_str("metricsAddress", gate_defaults.metrics_address),
+                "readmission.metricsAddress",
+            ),
             controller_name=gate.pop_str("controllerName", gate_defaults.controller_name),
             interval=parse_duration(gate.pop_str("interval", "30s"), "readmission.interval"),
             leader_election=gate.pop_bool("leaderElection", gate_defaults.leader_election),

@@ -1,5 +1,6 @@
 """The readmission gate: a Kueue AdmissionCheck controller (docs/enforcer.md, "The
 readmission gate"). ``decisions`` decides, purely; ``controller`` does the I/O, on the
 watch caches of ``informer`` and the work queue of ``workqueue``; ``metrics`` is its
-Prometheus collectors. ``holdwarden serve`` runs it when ``readmission.enabled`` is true.
+Prometheus collectors. ``holdwarden gate`` runs it, in its own process and Deployment
+(holdwarden/cli/gate.py); it imports no other part.
 """

@@ -1,4 +1,4 @@
-"""The readmission gate's I/O: an AdmissionCheck controller run by ``holdwarden serve``.
+"""The readmission gate's I/O: an AdmissionCheck controller run by ``holdwarden gate``.
 
 Shape (client-go's): four informers (``readmission.informer``) keep watch caches of the
 AdmissionChecks, the Workloads, the TrainJobs and the pods labelled
@@ -278,6 +278,16 @@ class ReadmissionGate:
     def synced(self) -> bool:
         """Every cache has been filled by its first LIST."""
         return all(inf.synced.is_set() for inf in self.informers)
+
+    def alive(self) -> bool:
+        """Started, and every thread (the worker, each informer's) still running: a liveness
+        check that asks nothing of the apiserver. False once stopped."""
+        return (
+            not self._stop.is_set()
+            and bool(self._threads)
+            and all(thread.is_alive() for thread in self._threads)
+            and all(inf.alive() for inf in self.informers)
+        )
 
     def start(self) -> None:
         for inf in self.informers:

@@ -214,6 +214,10 @@ class Informer:
         self._thread.daemon = True
         self._thread.start()
 
+    def alive(self) -> bool:
+        """Started and its thread still running (it ends only when told to stop)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def interrupt(self) -> None:
         """Unblock a watch waiting for its next event (the stop flag must be set first)."""
         self._watch.stop()

@@ -2,9 +2,9 @@
 
 The gate runs in threads, so these are prometheus_client's own (locked) metrics, not the
 enforcer's event-loop-only bookkeeping (webhook/metrics.py). They are registered in the
-registry given, ``holdwarden serve`` passes the enforcer's, so one ``/metrics`` shows
-both; by default each gate gets a registry of its own, so tests and several gates in one
-process never collide.
+registry given (``holdwarden gate`` passes its process's, served on its own ``/metrics``:
+holdwarden/cli/gateserver.py); by default each gate gets a registry of its own, so tests
+and several gates in one process never collide.
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ import yaml
 from bench.webhook_bench import image_malloc_env
 from certs.generate import KeyPair, generate_ca, generate_serving
 from certs.reload import ReloadingTLS
+from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, WebhookConfig
 from rig.localcluster.ports import free_port
 from tests.review_samples import review, trainjob
-from webhook.server import EnforcerServer
 
 ROOT = Path(__file__).resolve().parents[1]
 

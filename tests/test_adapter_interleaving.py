@@ -79,7 +79,7 @@ from readmission.controller import (
 from readmission.decisions import GateAction
 from rig.builders import trainjob_body
 from rig.localcluster import (
-    ENFORCER_IDENTITY,
+    GATE_IDENTITY,
     JOB_CONTROLLER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
@@ -806,7 +806,7 @@ def _start_readmission_gate(
             enabled=True, controller_name=controller, interval=timedelta(milliseconds=50)
         )
     )
-    gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+    gate = ReadmissionGate(config, cluster.api_client(GATE_IDENTITY))
     gate.start()
     return gate
 

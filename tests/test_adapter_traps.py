@@ -446,8 +446,13 @@ def test_multikueue_evidence() -> None:
             "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n",
             KueueSettings(None, None),
         ),
-        ("featureGates:\n  FailureRecoveryPolicy: true\n", KueueSettings(True, None)),
-        ("featureGates:\n  FailureRecoveryPolicy: false\n", KueueSettings(False, None)),
+        ("featureGates:\n  FailureRecoveryPolicy: true\n", KueueSettings(True, None, True)),
+        ("featureGates:\n  FailureRecoveryPolicy: false\n", KueueSettings(False, None, True)),
+        # Gates, not this one: it is at its default (Kueue refuses --feature-gates beside).
+        ("featureGates:\n  VisibilityOnDemand: false\n", KueueSettings(None, None, True)),
+        ("featureGates: {}\n", KueueSettings(None, None, True)),
+        # null is no mapping: Kueue accepts the flag then.
+        ("featureGates:\n", KueueSettings(None, None, False)),
         (
             "objectRetentionPolicies:\n  workloads:\n    afterDeactivatedByKueue: 10m\n",
             KueueSettings(None, "10m"),
@@ -486,6 +491,10 @@ def test_annotated_for_force_delete() -> None:
     ("annotated", "settings", "settings_error", "supported", "says"),
     [
         ([], KueueSettings(None, None), None, True, "--feature-gates flag"),
+        ([], KueueSettings(None, None), None, True, "Helm chart"),
+        # featureGates without the gate: Kueue refuses the flag beside them, so it is off
+        # and nothing is unseen.
+        ([], KueueSettings(None, None, feature_gates_set=True), None, True, "no pod here"),
         ([], KueueSettings(False, None), None, True, "no pod here opts in"),
         (
             ["p-0"],

@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
+from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from rig.builders import trainjob_body
@@ -36,7 +37,6 @@ from rig.localcluster import EDITOR_USER, LocalCluster
 from tests.enforcer_tls import run_in_thread
 from tests.review_samples import review, trainjob
 from webhook.audit import read_audit
-from webhook.server import EnforcerServer
 
 pytestmark = pytest.mark.controlplane
 

@@ -293,7 +293,7 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 # CI when the test above sent SIGTERM right after "serving".
 SIGTERM_DURING_START = """
 import os, signal, sys
-import webhook.server as server
+import holdwarden.cli.enforcer as server
 original_start = server.EnforcerServer.start
 async def start_after_sigterm(self):
     os.kill(os.getpid(), signal.SIGTERM)

@@ -30,6 +30,7 @@ from kubernetes import client as k8s
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
+from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, event_reason
 from rig.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
@@ -49,7 +50,6 @@ from tests.test_webhook_e2e import (
     refused,
 )
 from webhook.audit_sinks import EVENT_WRITE_ATTEMPTS, EventLabels, EventsSink, KubeEvents
-from webhook.server import EnforcerServer
 
 pytestmark = pytest.mark.controlplane
 

@@ -128,7 +128,7 @@ def test_config_keys_for_the_budget() -> None:
 
 
 def test_enforcer_server_uses_the_budget(tmp_path: Path) -> None:
-    from webhook.server import EnforcerServer
+    from holdwarden.cli.enforcer import EnforcerServer
 
     config = Config.from_dict(
         {

@@ -32,6 +32,8 @@ from kubernetes.client.exceptions import ApiException
 from certs.bundle import parse_bundle
 from certs.generate import fingerprint
 from certs.selfmanaged import SecretError, SelfManagedTLS, parse_secret
+from holdwarden.cli.enforcer import EnforcerServer
+from holdwarden.cli.serve import verify_enforcer
 from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
 from holdwarden.vocabulary import TRAINJOB, Annotations
@@ -44,7 +46,6 @@ from tests.shipped_webhook import (
     local_registration,
     local_webhook,
 )
-from webhook.server import EnforcerServer
 
 pytestmark = pytest.mark.controlplane
 
@@ -70,7 +71,7 @@ def start_replica(
     config: Config, api: k8s.ApiClient, identity: str, timing: ElectionTiming = FAST_LEASE
 ) -> Replica:
     """An EnforcerServer in its own thread and event loop, its TLS from SelfManagedTLS."""
-    tls = SelfManagedTLS(config, api, identity=identity, timing=timing)
+    tls = SelfManagedTLS(config, api, verify=verify_enforcer, identity=identity, timing=timing)
     server = EnforcerServer(config, tls=tls)
     stop = run_in_thread(server, f"enforcer-{identity}")
     return Replica(server, tls, server.port, stop)

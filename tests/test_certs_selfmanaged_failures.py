@@ -16,6 +16,8 @@ import pytest
 from kubernetes import client as k8s
 
 from certs.selfmanaged import SelfManagedTLS
+from holdwarden.cli.enforcer import STOP_GRACE_SECONDS, TLS_STOP_SECONDS
+from holdwarden.cli.serve import verify_enforcer
 from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
 from rig.localcluster import LocalCluster
@@ -31,7 +33,6 @@ from tests.test_certs_selfmanaged import (
     wait_for,
     webhook_configuration,
 )
-from webhook.server import STOP_GRACE_SECONDS, TLS_STOP_SECONDS
 
 FAST_LEASE = ElectionTiming(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)
 
@@ -50,7 +51,7 @@ async def test_no_apiserver_is_retried_with_backoff_and_never_ends_the_watch() -
         mode="self-managed", namespace="nowhere", interval=timedelta(milliseconds=100)
     )
     config = Config(webhook=WebhookConfig(certificates=certs))
-    tls = SelfManagedTLS(config, api, identity="lonely", timing=FAST_LEASE)
+    tls = SelfManagedTLS(config, api, verify=verify_enforcer, identity="lonely", timing=FAST_LEASE)
     task = asyncio.create_task(tls.watch())
     try:
         deadline = time.monotonic() + 20

@@ -96,12 +96,16 @@ def test_the_enforcer_is_bound_only_to_its_certificates_rights() -> None:
     assert bound == {"holdwarden-certificates", "holdwarden-enforcer-probe"}
 
 
-def test_readmission_turns_the_token_back_on_and_binds_its_role() -> None:
+def test_readmission_runs_the_gate_in_its_own_pods_with_the_token_and_its_role() -> None:
     objs = render(MANIFESTS, VARIANTS["readmission"])
-    pod = _find(objs, "Deployment", "holdwarden")["spec"]["template"]["spec"]
+    pod = _find(objs, "Deployment", "holdwarden-readmission")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
+    assert pod["containers"][0]["args"][0] == "gate"
     binding = _find(objs, "ClusterRoleBinding", "holdwarden-readmission")
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    # The enforcer's account is not the gate's.
+    enforcer = _find(objs, "Deployment", "holdwarden")["spec"]["template"]["spec"]
+    assert enforcer["serviceAccountName"] != pod["serviceAccountName"]
 
 
 def test_sidecar_serves_the_webhook_from_the_supervisors_pods() -> None:

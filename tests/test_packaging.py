@@ -86,7 +86,8 @@ def test_the_wheel_holds_only_the_runtime_parts(wheel: zipfile.ZipFile) -> None:
     assert not [n for n in names if n.endswith("samples.py")]
     for part in ("adapter", "webhook", "certs", "holdwarden"):
         assert f"{part}/py.typed" in names
-    assert "holdwarden/cli.py" in names and "webhook/server.py" in names
+    assert "holdwarden/cli/__init__.py" in names and "webhook/server.py" in names
+    assert "holdwarden/cli/gate.py" in names
     assert "readmission/controller.py" in names
 
 

@@ -31,7 +31,7 @@ from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from readmission.controller import ReadmissionGate
 from readmission.decisions import GateAction, granted_attempt
 from rig.builders import trainjob_body, workload_body
-from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
+from rig.localcluster import GATE_IDENTITY, LocalCluster
 from tests.actors import KueueActor, TrainerActor, Watcher, WatchEvent
 from tests.test_readmission_kube import check_name, failover_gate_config, gate_config
 
@@ -187,7 +187,7 @@ def leader_process(cluster: LocalCluster, check_name: str, tmp_path: Path) -> It
             "-m",
             "tests.readmission_gate_process",
             str(cluster.kubeconfig_path),
-            ENFORCER_IDENTITY,
+            GATE_IDENTITY,
             check_name,
             "gate-a",
         ],
@@ -228,7 +228,7 @@ def test_leader_killed_under_load_no_double_ready_no_double_attempt(
     _eventually(lambda: _holder(admin_client, lease) == "gate-a", "gate A leads", timeout=60)
 
     follower = ReadmissionGate(
-        config, cluster.api_client(ENFORCER_IDENTITY), identity="gate-b"
+        config, cluster.api_client(GATE_IDENTITY), identity="gate-b"
     )  # fmt: skip
     follower.start()
     custom = k8s.CustomObjectsApi(admin_client)
@@ -395,7 +395,7 @@ def test_a_quiet_cluster_costs_no_lists_only_the_lease(
             WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, f"wl-{index}", written
         )
 
-    api = cluster.api_client(ENFORCER_IDENTITY)
+    api = cluster.api_client(GATE_IDENTITY)
     pool = CountingPool(api.rest_client.pool_manager)
     api.rest_client.pool_manager = pool  # type: ignore[assignment]  # a counting proxy
     # A resync every 100 ms: re-deciding from the cache must cost no request either.
@@ -449,7 +449,7 @@ def test_a_quiet_cluster_costs_no_lists_only_the_lease(
 def test_an_expired_watch_relists_and_the_check_observes_its_generation(
     cluster: LocalCluster, check_name: str, admin_client: k8s.ApiClient
 ) -> None:
-    gate = ReadmissionGate(gate_config(check_name), cluster.api_client(ENFORCER_IDENTITY))
+    gate = ReadmissionGate(gate_config(check_name), cluster.api_client(GATE_IDENTITY))
     informer = next(i for i in gate.informers if i.name == "admissionchecks")
     informer.relist()
     assert gate.checks.get(check_name) is not None

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -17,8 +18,6 @@ import yaml
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Ref
-from certs.bundle import write_cert_dir
-from certs.generate import generate_ca, generate_serving
 from holdwarden.config import Config, ReadmissionConfig
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from readmission.controller import (
@@ -29,7 +28,7 @@ from readmission.controller import (
 )
 from readmission.decisions import granted_attempt
 from rig.builders import trainjob_body, workload_body
-from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
+from rig.localcluster import GATE_IDENTITY, LocalCluster
 from tests.actors import KueueActor, TrainerActor
 from tests.netfaults import FreezableProxy
 
@@ -81,7 +80,7 @@ def failover_gate_config(check_name: str) -> Config:
 
 
 def _gate(cluster: LocalCluster, check_name: str) -> ReadmissionGate:
-    return ReadmissionGate(gate_config(check_name), cluster.api_client(ENFORCER_IDENTITY))
+    return ReadmissionGate(gate_config(check_name), cluster.api_client(GATE_IDENTITY))
 
 
 class Objects:
@@ -274,7 +273,7 @@ def test_gate_stops_within_its_bound_when_the_apiserver_goes_silent(
     start from its first line on. Before, the worker, the Lease's release (10 s a request)
     and each watch were each waited on for the whole timeout, one after another."""
     proxy = FreezableProxy.in_front_of(cluster.server_url)
-    api = cluster.api_client(ENFORCER_IDENTITY)
+    api = cluster.api_client(GATE_IDENTITY)
     api.configuration.host = proxy.url
     config = gate_config(
         check_name,
@@ -388,81 +387,76 @@ def test_kueue_release_never_runs_a_second_execution_while_old_pods_remain(
     assert gate.errors == 0
 
 
-def test_holdwarden_serve_runs_the_gate_when_enabled(
+def test_holdwarden_gate_runs_the_gate_in_its_own_process(
     cluster: LocalCluster, objects: Objects, check_name: str, tmp_path: Any
 ) -> None:
-    """`holdwarden serve` with readmission.enabled runs the gate beside the enforcer, with
-    the kubeconfig's credentials outside a cluster."""
+    """`holdwarden gate` runs the gate alone in its process (the enforcer's `holdwarden
+    serve` no longer does), with the kubeconfig's credentials outside a cluster, and
+    serves its own /metrics, /healthz and /readyz on readmission.metricsAddress."""
 
-    ca = generate_ca()
-    write_cert_dir(
-        tmp_path / "tls", ca, generate_serving(ca, "hw", "ns", ip_addresses=["127.0.0.1"])
-    )
-    ports = []
-    for _ in range(2):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     config = {
-        "webhook": {
-            "listenAddress": f"127.0.0.1:{ports[0]}",
-            "metricsAddress": f"127.0.0.1:{ports[1]}",
-            "certDir": str(tmp_path / "tls"),
-            "auditLog": str(tmp_path / "audit.jsonl"),
-        },
         "readmission": {
             "enabled": True,
             "controllerName": f"holdwarden.io/{check_name}",
             "interval": "100ms",
+            "metricsAddress": f"127.0.0.1:{port}",
         },
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     objects.annotate_trainjob(NOTES.opened, "2026-12-02T12:00:00Z")
     objects.kueue_sets_check(check_name, "Pending")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "holdwarden.cli",
-            "serve",
-            "--config",
-            str(tmp_path / "config.yaml"),
-        ],
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "holdwarden.cli", "gate", "--config", str(tmp_path / "config.yaml")],
         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as got:
+                return got.status, got.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
     try:
         # Bounds for a busy machine (the full suite under two busy loops took 20 s here).
         deadline = time.monotonic() + 60
         while objects.check(check_name)["state"] != "Ready":
-            assert server.poll() is None, server.communicate()[0].decode()[-3000:]
-            assert time.monotonic() < deadline, "serve's gate never marked the check Ready"
+            assert gate.poll() is None, gate.communicate()[0].decode()[-3000:]
+            assert time.monotonic() < deadline, "the gate never marked the check Ready"
             time.sleep(0.1)
         assert granted_attempt(objects.check(check_name)["message"]) == 1
-        # The gate's metrics are on the enforcer's /metrics. The counter moves once the
-        # whole reconcile has returned (the grant's second write too), which can be a
-        # while after the check reads Ready. Every outcome's series is served from the
-        # start at 0, so the wait is for the value, not the name.
+        assert get("/healthz") == (200, "ok\n")
+        deadline = time.monotonic() + 30
+        while get("/readyz")[0] != 200:
+            assert time.monotonic() < deadline, get("/readyz")
+            time.sleep(0.1)
+        # The counter moves once the whole reconcile has returned (the grant's second
+        # write too), which can be a while after the check reads Ready. Every outcome's
+        # series is served from the start at 0, so the wait is for the value, not the name.
         mark_ready = 'holdwarden_readmission_reconciles_total{outcome="mark-ready"}'
         deadline = time.monotonic() + 30  # its own bound, not what the Ready wait left
         while True:
-            url = f"http://127.0.0.1:{ports[1]}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as got:
-                scraped = got.read().decode()
+            status, scraped = get("/metrics")
+            assert status == 200
             if f"{mark_ready} 0.0" not in scraped or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
         assert "holdwarden_readmission_leader 1.0" in scraped
         assert f"{mark_ready} 1.0" in scraped, scraped  # once: no second Ready
-        assert "holdwarden_webhook_reviews_total" in scraped
+        # Its own registry: nothing of the enforcer's.
+        assert "holdwarden_webhook_reviews_total" not in scraped
         # Readmitted: no Workload is counted as kept waiting (the alert's series, served).
         assert "holdwarden_readmission_stalled_workloads 0.0" in scraped
         assert "holdwarden_readmission_longest_stall_seconds 0.0" in scraped
     finally:
-        server.terminate()
-        output = server.communicate(timeout=15)[0].decode()
-    assert server.returncode == 0, output[-3000:]
+        gate.terminate()
+        output = gate.communicate(timeout=15)[0].decode()
+    assert gate.returncode == 0, output[-3000:]
     assert "readmission gate started" in output
 
 

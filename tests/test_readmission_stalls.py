@@ -17,7 +17,7 @@ from holdwarden.vocabulary import WORKLOAD
 from readmission.controller import ReadmissionGate
 from readmission.decisions import GateAction, WorkerCount, decide_readmission
 from readmission.metrics import LONGEST_STALL, STALLED, GateMetrics, StallTracker
-from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
+from rig.localcluster import GATE_IDENTITY, LocalCluster
 from tests.test_readmission import CHECKS, NOTES, NOW, trainjob, workload
 from tests.test_readmission_kube import (  # the gate tests' fixtures and helpers
     Objects,
@@ -167,9 +167,7 @@ def test_a_released_job_whose_old_pod_remains_is_counted_until_readmitted(
     cluster: LocalCluster, objects: Objects, check_name: str, trainer_client: k8s.ApiClient
 ) -> None:
     clock = _Clock()
-    gate = ReadmissionGate(
-        gate_config(check_name), cluster.api_client(ENFORCER_IDENTITY), clock=clock
-    )
+    gate = ReadmissionGate(gate_config(check_name), cluster.api_client(GATE_IDENTITY), clock=clock)
     metrics = gate.metrics
     # Held (and Kueue listed the check Pending again): a wait by design, not counted.
     objects.hold("2")
@@ -199,7 +197,7 @@ def test_a_released_job_whose_old_pod_remains_is_counted_until_readmitted(
 def test_a_running_gate_forgets_a_stalled_workload_once_it_is_deleted(
     cluster: LocalCluster, objects: Objects, check_name: str, trainer_client: k8s.ApiClient
 ) -> None:
-    gate = ReadmissionGate(gate_config(check_name), cluster.api_client(ENFORCER_IDENTITY))
+    gate = ReadmissionGate(gate_config(check_name), cluster.api_client(GATE_IDENTITY))
     metrics = gate.metrics
     objects.annotate_trainjob(NOTES.opened, "2026-12-02T12:00:00Z")
     _pod(trainer_client, objects.namespace, "job-node-0")

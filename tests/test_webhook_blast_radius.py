@@ -54,7 +54,7 @@ from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotati
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import (
     EDITOR_USER,
-    ENFORCER_IDENTITY,
+    GATE_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     TRAINER_IDENTITY,
@@ -189,7 +189,7 @@ ALICE = Writer("alice (editor)", EDITOR_USER, ("system:authenticated",))
 KUEUE = Writer("Kueue", KUEUE_IDENTITY, _service_account_groups("kueue-system"))
 TRAINER = Writer("Trainer", TRAINER_IDENTITY, _service_account_groups("kubeflow-system"))
 SUPERVISOR = Writer("supervisor", SUPERVISOR_IDENTITY, _service_account_groups(OWN_NAMESPACE))
-GATE = Writer("readmission gate", ENFORCER_IDENTITY, _service_account_groups(OWN_NAMESPACE))
+GATE = Writer("readmission gate", GATE_IDENTITY, _service_account_groups(OWN_NAMESPACE))
 
 
 def _coords(kind: str) -> Resource:

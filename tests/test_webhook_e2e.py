@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
+from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from rig.builders import trainjob_body, workload_body
@@ -40,7 +41,6 @@ from tests.shipped_webhook import (
     shipped_rules,
 )
 from webhook.audit import read_audit
-from webhook.server import EnforcerServer
 
 pytestmark = pytest.mark.controlplane
 

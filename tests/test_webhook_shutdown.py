@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from holdwarden.cli.enforcer import STOP_GRACE_SECONDS
 from holdwarden.config import Config
 from tests.enforcer_tls import (
     Pki,
@@ -36,7 +37,6 @@ from tests.enforcer_tls import (
     review_body,
     serving,
 )
-from webhook.server import STOP_GRACE_SECONDS
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 

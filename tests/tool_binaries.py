@@ -105,10 +105,19 @@ def ensure_kubectl(log: bool = True) -> Path:
     return ensure_tool(KUBECTL, log)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Build the named tools (``helm``, ``kustomize``, ``kubectl``), or all three."""
+    names = sys.argv[1:] if argv is None else argv
+    tools = {tool.name: tool for tool in (HELM, KUSTOMIZE, KUBECTL)}
+    unknown = [name for name in names if name not in tools]
+    if unknown:
+        print(
+            f"holdwarden: unknown tool {unknown[0]!r}; known: {', '.join(tools)}", file=sys.stderr
+        )
+        return 2
     try:
-        for tool in (HELM, KUSTOMIZE, KUBECTL):
-            print(f"{tool.name}: {ensure_tool(tool)}")
+        for name in names or tools:
+            print(f"{name}: {ensure_tool(tools[name])}")
     except BinariesUnavailable as exc:
         print(f"holdwarden: {exc}", file=sys.stderr)
         return 1

@@ -1,10 +1,9 @@
-"""``holdwarden serve`` (the enforcer) and ``holdwarden audit`` (query its audit log)."""
+"""``holdwarden audit``: query the enforcer's audit log (``holdwarden serve``, the process,
+is assembled by the roof: holdwarden/cli/serve.py)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
 import json
 import sys
 from datetime import UTC, datetime
@@ -12,11 +11,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from holdwarden.config import (
-    AUDIT_SINKS,
-    CERT_MODES,
     Config,
     ConfigError,
-    check_audit_sinks,
     parse_duration,
 )
 from holdwarden.kubeclient import PRECEDENCE_HELP
@@ -24,38 +20,6 @@ from holdwarden.vocabulary import RuleId
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    serve = subparsers.add_parser(
-        "serve",
-        help="run the admission enforcer (TLS), with metrics and health endpoints",
-        description="Run the validating admission webhook that refuses hold-breaking writes.",
-    )
-    serve.add_argument("--config", metavar="FILE", help="holdwarden YAML configuration")
-    serve.add_argument("--listen", metavar="ADDR", help="admission address, host:port")
-    serve.add_argument("--cert-dir", metavar="DIR", help="directory with tls.crt and tls.key")
-    serve.add_argument(
-        "--certificates",
-        choices=CERT_MODES,
-        help="webhook.certificates.mode: files (from --cert-dir) or self-managed (a CA and "
-        "serving certificate this server keeps in a Secret; docs/certificates.md)",
-    )
-    serve.add_argument("--audit-log", metavar="PATH", help="audit log file (JSON lines)")
-    serve.add_argument("--metrics", metavar="ADDR", help="metrics/health address, host:port")
-    serve.add_argument(
-        "--audit-sink",
-        action="append",
-        choices=AUDIT_SINKS,
-        metavar="SINK",
-        help="where refusals are recorded: file, stdout or events; repeat it for several "
-        "(duplicates fold). Given, it replaces webhook.auditSinks",
-    )
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        choices=("debug", "info", "warning"),
-        help="log level of the JSON log on stderr (default info)",
-    )
-    serve.set_defaults(handler=serve_command)
-
     audit = subparsers.add_parser(
         "audit",
         help="list the enforcer's refusals from its audit log",
@@ -104,57 +68,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     audit.set_defaults(handler=audit_command)
 
 
-def check_address(value: str, flag: str) -> str:
-    """``host:port`` with a port in 0..65535 (0 binds a free port)."""
-    _, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(flag, f"{value!r} is not host:port, e.g. '0.0.0.0:9443'")
-    return value
-
-
 def _load_config(path: str | None) -> Config:
     return Config.from_file(path) if path else Config()
-
-
-def serve_command(args: argparse.Namespace) -> int:
-    import logging
-
-    from webhook.server import configure_logging, run_server
-
-    try:
-        config = _load_config(args.config)
-        hook = config.webhook
-        changes: dict[str, Any] = {}
-        if args.listen:
-            changes["listen_address"] = check_address(args.listen, "--listen")
-        if args.metrics:
-            changes["metrics_address"] = check_address(args.metrics, "--metrics")
-        if args.cert_dir:
-            changes["cert_dir"] = Path(args.cert_dir)
-        if args.certificates:
-            changes["certificates"] = dataclasses.replace(hook.certificates, mode=args.certificates)
-        if args.audit_log:
-            changes["audit_log"] = Path(args.audit_log)
-        if args.audit_sink:
-            # Set semantics, so that overlays can each add the sinks they need.
-            changes["audit_sinks"] = check_audit_sinks(
-                list(dict.fromkeys(args.audit_sink)), "--audit-sink"
-            )
-        config = dataclasses.replace(config, webhook=dataclasses.replace(hook, **changes))
-    except ConfigError as exc:
-        print(f"holdwarden serve: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(getattr(logging, args.log_level.upper()))
-    from holdwarden.kubeclient import KubeconfigError
-
-    try:
-        asyncio.run(run_server(config))
-    except (OSError, KubeconfigError) as exc:
-        logging.getLogger("holdwarden.webhook").error(
-            "cannot serve", extra={"fields": {"error": str(exc)}}
-        )
-        return 1
-    return 0
 
 
 def parse_since(text: str, now: datetime) -> datetime:

@@ -5,6 +5,7 @@ from rig.localcluster.cluster import ControlPlaneError, LocalCluster, running_cl
 from rig.localcluster.rbac import (
     EDITOR_USER,
     ENFORCER_IDENTITY,
+    GATE_IDENTITY,
     JOB_CONTROLLER_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
@@ -15,6 +16,7 @@ from rig.localcluster.rbac import (
 __all__ = [
     "EDITOR_USER",
     "ENFORCER_IDENTITY",
+    "GATE_IDENTITY",
     "JOB_CONTROLLER_IDENTITY",
     "KUEUE_IDENTITY",
     "SUPERVISOR_IDENTITY",

@@ -448,14 +448,42 @@ def ensure_binaries() -> Binaries:
     return Binaries(build_kube_apiserver(), build_controller(ETCD), f"cache {cache_dir()}")
 
 
+def _build_only(names: Sequence[str]) -> int:
+    """Build exactly ``names`` (``kube-apiserver``, ``etcd`` or a controller of the selected
+    cell), in order; ``make binaries`` runs two such lanes at once."""
+    known = ("kube-apiserver", "etcd", *components())
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        message = f"unknown binary {unknown[0]!r}; known: {', '.join(known)}"
+        print(f"holdwarden: {message}", file=sys.stderr)
+        return 2
+    prebuilt = _from_kubebuilder_assets()
+    try:
+        for name in names:
+            if name == "kube-apiserver":
+                path = prebuilt.kube_apiserver if prebuilt else build_kube_apiserver()
+            elif name == "etcd":
+                path = prebuilt.etcd if prebuilt else build_controller(ETCD)
+            else:
+                path = controller_binaries([name])[name]
+            print(f"{name}: {path}")
+    except BinariesUnavailable as exc:
+        print(f"holdwarden: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Build (once) kube-apiserver; with ``--controllers`` (``make binaries``) also the
-    real controllers that tests/real runs, and kubelet, kube-proxy and CoreDNS for tests/pods
-    (about 18 minutes of builds on 2 cores when the cache is cold)."""
+    """Build (once) kube-apiserver and etcd; with ``--controllers`` also the real
+    controllers that tests/real runs, and kubelet, kube-proxy and CoreDNS for tests/pods;
+    with ``--only NAME[,NAME...]`` exactly those (``make binaries`` runs two lanes of them
+    at once, so that one lane's link steps and downloads overlap the other's compiling)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "--only":
+        return _build_only([name for name in args[1].split(",") if name])
     unknown = [a for a in args if a != "--controllers"]
     if unknown:
-        message = f"unknown argument {unknown[0]!r}; the only one is --controllers"
+        message = f"unknown argument {unknown[0]!r}; use --controllers or --only NAME[,NAME...]"
         print(f"holdwarden: {message}", file=sys.stderr)
         return 2
     try:

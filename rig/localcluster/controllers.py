@@ -66,6 +66,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 
 from certs.generate import generate_client, generate_serving
+from holdwarden.vocabulary import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP
 from rig.localcluster.binaries import cache_dir, components, controller_binaries
 from rig.localcluster.ports import free_port
 
@@ -104,7 +105,7 @@ NODE_LIFECYCLE_FLAGS = {
     # taints the lost-node story waits for.
     "unhealthy-zone-threshold": ("1", "0.55"),
 }
-_NAMESPACED_KINDS = {"Role", "RoleBinding", "ServiceAccount", "Secret"}
+_NAMESPACED_KINDS = {"Role", "RoleBinding", "ServiceAccount", "Secret", "ConfigMap"}
 _PREFIXED_RESOURCES = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
 
 
@@ -483,6 +484,7 @@ class _Setup:
             "RoleBinding": "rolebindings",
             "ServiceAccount": "serviceaccounts",
             "Secret": "secrets",
+            "ConfigMap": "configmaps",
             "Namespace": "namespaces",
             "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
             "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
@@ -651,7 +653,13 @@ class _Setup:
         )
         self.install_crds(self.crds_of(config / "crd", port, files["ca.crt"]))
         self.register_webhooks(config / "webhook", "kueue-", port, files["ca.crt"])
-        settings = {
+        # The visibility API is an aggregated API server on a fixed port (8082); it is
+        # not under test, and two runs on one machine would fight over the port.
+        gates: dict[str, bool] = {"VisibilityOnDemand": False}
+        # A cluster's own feature gates join the rig's (Kueue takes them from its
+        # configuration or from --feature-gates, never both).
+        gates.update(self.cluster.kueue_settings.get("featureGates") or {})
+        settings: dict[str, Any] = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
             "kind": "Configuration",
             "namespace": KUEUE_NAMESPACE,
@@ -667,9 +675,6 @@ class _Setup:
                 "webhookSecretName": secret,
             },
             "clientConnection": {"qps": 300, "burst": 500},  # upstream's values
-            # The visibility API is an aggregated API server on a fixed port (8082); it is
-            # not under test, and two runs on one machine would fight over the port.
-            "featureGates": {"VisibilityOnDemand": False},
             "integrations": {
                 "frameworks": [
                     "batch/job",
@@ -679,8 +684,23 @@ class _Setup:
             },
         }
         settings.update(self.cluster.kueue_settings)
+        settings["featureGates"] = gates
+        text = yaml.safe_dump(settings)
         config_path = work / "config.yaml"
-        config_path.write_text(yaml.safe_dump(settings))
+        config_path.write_text(text)
+        # As upstream deploys it: the configuration is the ConfigMap kueue-manager-config
+        # (key controller_manager_config.yaml), which the Deployment mounts as Kueue's
+        # --config file. Kueue reads the file written above; the ConfigMap holds the same
+        # text, for whoever reads Kueue's configuration from the cluster (holdwarden's
+        # preflight does, for kueueForceDelete and kueueRetention).
+        self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": KUEUE_CONFIG_MAP, "namespace": KUEUE_NAMESPACE},
+                "data": {KUEUE_CONFIG_KEY: text},
+            }
+        )
         kubeconfig = self.token_kubeconfig(KUEUE_NAMESPACE, "kueue-controller-manager", "kueue")
         self.spawn(
             "kueue",

@@ -44,7 +44,7 @@ from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from rig.builders import kueue_workload_body, trainjob_body
 from rig.localcluster import (
     EDITOR_USER,
-    ENFORCER_IDENTITY,
+    GATE_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     LocalCluster,
@@ -423,9 +423,10 @@ def _plain_chapter(cluster: LocalCluster, namespace: str, real: bool) -> None:
 
 @contextmanager
 def _readmission_gate(cluster: LocalCluster) -> Iterator[str]:
-    """The readmission gate and its AdmissionCheck (name yielded), as the enforcer's
-    service account. In a cluster ``holdwarden serve`` runs it (``readmission.enabled``);
-    here it runs in the demo's process, so that it can act as that identity."""
+    """The readmission gate and its AdmissionCheck (name yielded), as the gate's own
+    service account. In a cluster ``holdwarden gate`` runs it (its own Deployment,
+    manifests/readmission); here it runs in the demo's process, so that it can act as
+    that identity."""
     from readmission.controller import ReadmissionGate
 
     config = Config(
@@ -433,7 +434,7 @@ def _readmission_gate(cluster: LocalCluster) -> Iterator[str]:
     )
     with cluster.api_client() as admin:
         make_admission_check(admin, READMISSION_CHECK, config.readmission.controller_name)
-    gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+    gate = ReadmissionGate(config, cluster.api_client(GATE_IDENTITY))
     gate.start()
     try:
         yield READMISSION_CHECK

@@ -61,7 +61,7 @@ def lost_node_story(workdir: Path) -> None:
             f"   ready in {cluster.startup_seconds:.1f}s: the real {', '.join(CONTROLLERS)}, "
             f"kube-scheduler and {NODES} kwok nodes ({', '.join(nodes.names)})"
         )
-        demo.say("The enforcer (holdwarden serve) and the readmission gate")
+        demo.say("The enforcer (holdwarden serve) and the readmission gate (holdwarden gate)")
         with (
             demo._enforcer(workdir) as (url, _ca_bundle, audit_log),
             cluster.api_client() as api,

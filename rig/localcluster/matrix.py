@@ -40,10 +40,12 @@ REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ("KUBEBUILDER_ASSETS", "HOLDWARDEN_CONTROLLER_ASSETS", "HOLDWARDEN_CRDS")
 
 # The real-controller story: both modes, the readmission gate (Kueue mode admits and
-# re-admits through it), one lost-node case.
+# re-admits through it), one lost-node case; and trap 3 (issue 29), whose expectation
+# follows the cell's Trainer (v2.2.1 ignores spec.managedBy, v2.3.0 honours it).
 REAL_STORY = (
     "tests/real/test_kueue_mode.py",
     "tests/real/test_plain_mode.py",
+    "tests/real/test_trainer_managed_by.py",
     "tests/real/test_lost_node.py::test_a_lost_node_holds_readmission_until_its_pods_are_"
     "provably_gone[node-back-kueue]",
 )

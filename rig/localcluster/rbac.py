@@ -12,6 +12,8 @@ KUEUE_IDENTITY = "system:serviceaccount:kueue-system:kueue-controller-manager"
 TRAINER_IDENTITY = "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager"
 SUPERVISOR_IDENTITY = "system:serviceaccount:holdwarden-system:dispatch"
 ENFORCER_IDENTITY = "system:serviceaccount:holdwarden-system:holdwarden"
+# `holdwarden gate`: the readmission gate's own ServiceAccount (manifests/readmission).
+GATE_IDENTITY = "system:serviceaccount:holdwarden-system:holdwarden-readmission"
 # kube-controller-manager's Job controller: it, not Trainer, creates and deletes the pods of
 # the Jobs that JobSet makes for a TrainJob (seen with the real controllers).
 JOB_CONTROLLER_IDENTITY = "system:serviceaccount:kube-system:job-controller"
@@ -99,9 +101,10 @@ IDENTITY_RBAC: tuple[IdentityRBAC, ...] = (
         ),
     ),
     IdentityRBAC(
-        # holdwarden serve: the readmission gate's rights (the webhook itself needs none).
-        ENFORCER_IDENTITY,
-        "enforcer",
+        # holdwarden gate: the readmission gate's rights. The enforcer (holdwarden serve)
+        # needs none of them: it judges each write from the AdmissionReview alone.
+        GATE_IDENTITY,
+        "readmission-gate",
         (
             Rule((_TRAINER,), ("trainjobs",), ("get", "list", "watch", "update")),
             Rule((_KUEUE,), ("workloads",), _READ),

@@ -22,15 +22,15 @@ from kubernetes import client as k8s
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
+from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
 from holdwarden.labelselector import LabelSelector
 from readmission.controller import ReadmissionGate
-from rig.localcluster import ENFORCER_IDENTITY, LocalCluster
+from rig.localcluster import GATE_IDENTITY, LocalCluster
 from rig.localcluster.realstory import make_admission_check, wait_until_enforced
 from tests.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.match_conditions import kueue_namespace_webhook
-from webhook.server import EnforcerServer
 
 ENFORCED_LABEL = "holdwarden.io/real-e2e"
 ENFORCER_WEBHOOK = "holds.holdwarden.io"
@@ -118,7 +118,7 @@ def enforcement(
     )
     with cluster.api_client() as admin:
         make_admission_check(admin, check_name, f"holdwarden.io/{check_name}")
-        gate = ReadmissionGate(config, cluster.api_client(ENFORCER_IDENTITY))
+        gate = ReadmissionGate(config, cluster.api_client(GATE_IDENTITY))
         gate.start()
         try:
             with _enforcer_thread(

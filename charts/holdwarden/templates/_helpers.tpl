@@ -16,7 +16,7 @@ app.kubernetes.io/component: {{ if .Values.sidecar.enabled }}supervisor{{ else }
 {{- define "holdwarden.config" -}}
 {{- $config := deepCopy .Values.config -}}
 {{- if .Values.readmission.enabled -}}
-{{- $_ := set $config "readmission" (dict "enabled" true "controllerName" .Values.readmission.controllerName "interval" .Values.readmission.interval) -}}
+{{- $_ := set $config "readmission" (dict "enabled" true "controllerName" .Values.readmission.controllerName "interval" .Values.readmission.interval "metricsAddress" "0.0.0.0:9091") -}}
 {{- end -}}
 {{- toYaml $config -}}
 {{- end -}}

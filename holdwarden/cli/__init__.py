@@ -1,8 +1,13 @@
-"""The ``holdwarden`` command line: one entry point, a sub-command per task.
+"""The ``holdwarden`` command line: one entry point, a sub-command per task. The roof.
 
-Each part registers its own sub-commands (``register(subparsers)``) so that the CLI of a
-part lives beside the part. Exit codes: 0 success, 2 usage or configuration error, and
-for adapter calls the error's ``exit_code`` (see ``adapter.errors``).
+This package is the composition root: the only shipped code that imports more than one
+part. It assembles the two long-running processes, ``holdwarden serve`` (the enforcer:
+holdwarden/cli/serve.py, enforcer.py) and ``holdwarden gate`` (the readmission gate:
+holdwarden/cli/gate.py, gateserver.py), and hands one part what it needs of another
+(``certs`` verifies the enforcer with the adapter's preflight probe, given from here).
+A part's own one-shot sub-commands live beside the part (``register(subparsers)``).
+Exit codes: 0 success, 2 usage or configuration error, and for adapter calls the error's
+``exit_code`` (see ``adapter.errors``).
 
 The same program is the kubectl plugin ``kubectl-holdwarden`` (``kubectl holdwarden ...``:
 kubectl runs any ``kubectl-NAME`` on PATH), and ``holdwarden completion bash|zsh|tcsh``
@@ -69,6 +74,7 @@ def build_parser(prog: str = "holdwarden") -> argparse.ArgumentParser:
     # part keeps its CLI beside its code.
     from adapter import cli as adapter_cli
     from certs import cli as certs_cli
+    from holdwarden.cli import gate, serve
     from webhook import cli as webhook_cli
 
     demo: Any
@@ -85,7 +91,11 @@ def build_parser(prog: str = "holdwarden") -> argparse.ArgumentParser:
     parser.set_defaults(prog_name=prog)
     parser.add_argument("--version", action="version", version=f"holdwarden {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (webhook_cli, certs_cli, adapter_cli, demo):
+    serve.register(subparsers)
+    gate.register(subparsers)
+    webhook_cli.register(subparsers)
+    certs_cli.register(subparsers, verify=serve.verify_enforcer)
+    for module in (adapter_cli, demo):
         module.register(subparsers)
     _register_completion(subparsers, prog)
     return parser
