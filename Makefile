@@ -47,7 +47,7 @@ $(VENV)-%/.installed-stamp: pyproject.toml
 # The binaries in two lanes at once (make -j2): the Kubernetes family, which shares most of
 # its compiled packages through Go's build cache, and everything else; one lane's link steps,
 # module downloads and single-threaded tails overlap the other's compiling.
-KUBERNETES_LANE := kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy
+KUBERNETES_LANE := kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy,coredns
 OTHERS_LANE := etcd,kueue,trainer,jobset,kwok
 
 binaries: $(STAMP) node-packages
@@ -58,7 +58,9 @@ test-setup: $(STAMP) node-packages
 	$(MAKE) --no-print-directory -j3 --output-sync=target binaries-kubernetes binaries-others image
 
 # kube-apiserver, and the kube-controller-manager that tests/real runs, kube-scheduler for
-# its nodes, kubelet and kube-proxy for tests/pods' real node, and kubectl for its installs.
+# its nodes, kubelet and kube-proxy for tests/pods' real node and its cluster DNS (CoreDNS,
+# after kubelet: its modules shared with kubelet's are at their versions), and kubectl for
+# its installs.
 binaries-kubernetes: $(STAMP)
 	$(PY) -m rig.localcluster --only $(KUBERNETES_LANE)
 	$(PY) -m tests.tool_binaries kubectl

@@ -52,6 +52,7 @@ def test_todays_cell_keeps_its_binaries_and_cache_keys(tmp_path: Path) -> None:
             "scheduler",
             "kwok",
             "node",
+            "coredns",
         }
         assert controller_binary_path(component).parent.name.startswith(
             f"{component.binary}-{component.version}-"

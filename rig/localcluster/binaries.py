@@ -264,12 +264,17 @@ def build_kube_apiserver(log: bool = True, version: str | None = None) -> Path:
     )
 
 
+_CONTROLLER_MODULE_FILES = ("go.mod", "go.sum", "tools.go")
+
+
 @dataclass(frozen=True)
 class Component:
     """One real controller: the binary's name, its version, and the Go package to build.
 
     ``module`` names the folder under ``controllerbuild/`` whose committed go.mod/go.sum
-    pin every module's exact version.
+    pin every module's exact version; ``files`` are that folder's files the build copies
+    (and the cache key hashes): a ``tools.go`` naming upstream commands, or a small
+    ``main.go`` of the project's own (CoreDNS with only the plugins it needs).
     """
 
     name: str
@@ -278,9 +283,8 @@ class Component:
     package: str
     module: str
     ldflags: str
+    files: tuple[str, ...] = _CONTROLLER_MODULE_FILES
 
-
-_CONTROLLER_MODULE_FILES = ("go.mod", "go.sum", "tools.go")
 
 KUEUE = Component(
     "kueue", "kueue", "v0.19.2", "sigs.k8s.io/kueue/cmd/kueue", "kueue",
@@ -324,11 +328,18 @@ KUBE_PROXY = Component(
     "kube-proxy", "kube-proxy", KUBERNETES_VERSION,
     "k8s.io/kubernetes/cmd/kube-proxy", "node", _kubernetes_ldflags(),
 )  # fmt: skip
+# The real node's cluster DNS: CoreDNS v1.13.1 linked with only the plugins it uses (the
+# module's own main.go; the whole of CoreDNS links some forty plugins and their clients).
+COREDNS = Component(
+    "coredns", "coredns", "v1.13.1", ".", "coredns",
+    "-s -w",
+    ("go.mod", "go.sum", "main.go"),
+)  # fmt: skip
 COMPONENTS: dict[str, Component] = {
     c.name: c
     for c in (
         KUEUE, TRAINER, JOBSET, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK, KUBELET,
-        KUBE_PROXY,
+        KUBE_PROXY, COREDNS,
     )
 }  # fmt: skip
 
@@ -372,7 +383,7 @@ def controller_binary_path(component: Component) -> Path:
     """
     source = _module_source(component)
     digest = hashlib.sha256()
-    for name in _CONTROLLER_MODULE_FILES:
+    for name in component.files:
         digest.update((source / name).read_bytes())
     folder = f"{component.binary}-{component.version}-{digest.hexdigest()[:12]}"
     return cache_dir() / folder / component.binary
@@ -387,7 +398,7 @@ def build_controller(component: Component, log: bool = True) -> Path:
     return go_build(
         controller_binary_path(component),
         _module_source(component),
-        _CONTROLLER_MODULE_FILES,
+        component.files,
         component.package,
         component.ldflags,
         f"{component.name} {component.version}",
@@ -464,9 +475,9 @@ def _build_only(names: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build (once) kube-apiserver and etcd; with ``--controllers`` also the real
-    controllers that tests/real runs, and kubelet and kube-proxy for tests/pods; with
-    ``--only NAME[,NAME...]`` exactly those (``make binaries`` runs two lanes of them at
-    once, so that one lane's link steps and downloads overlap the other's compiling)."""
+    controllers that tests/real runs, and kubelet, kube-proxy and CoreDNS for tests/pods;
+    with ``--only NAME[,NAME...]`` exactly those (``make binaries`` runs two lanes of them
+    at once, so that one lane's link steps and downloads overlap the other's compiling)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) == 2 and args[0] == "--only":
         return _build_only([name for name in args[1].split(",") if name])

@@ -28,15 +28,21 @@
   reconciler, with the link address advertised). The host routes that range into the
   node's namespace, so the apiserver reaches a Service's cluster IP too (an admission
   webhook's ``clientConfig.service``) through kube-proxy's rules, as a Pod does.
+- **CoreDNS** v1.13.1 (``controllerbuild/coredns``: a main of the project's own linking
+  only the plugins used), in the node's namespace on ``LINK.node`` port 53, the kubelet's
+  ``clusterDNS``: Pods resolve ``<service>.<namespace>.svc`` (``cluster.local``). It reads
+  the API as ``holdwarden:coredns`` (a client certificate of the run's CA, a ClusterRole of
+  the kubernetes plugin's reads); other names are refused (no upstream is reachable).
 - The images: the sandbox image ``images.PAUSE_IMAGE`` (a static Go program) is imported
   before the kubelet starts; ``import_image(path)`` imports any image archive into the
   CRI's namespace (``ctr -n k8s.io images import``, no registry).
 
-Invariants: ``start`` returns when the node is Ready and schedulable and kube-proxy has
-synced its rules (its healthz answers 200), or raises ``ControlPlaneError`` with the
-log tails of containerd, kubelet and kube-proxy. ``LocalCluster.stop`` first kills and
-deletes every container through containerd's ``k8s.io`` namespace (``drain``, noting the
-Pods' network namespaces), stops the processes, then ``reap_node`` removes the rest:
+Invariants: ``start`` returns when the node is Ready and schedulable, kube-proxy has
+synced its rules (its healthz answers 200) and CoreDNS is ready, or raises
+``ControlPlaneError`` with the log tails of containerd, kubelet, kube-proxy and CoreDNS.
+``LocalCluster.stop`` first kills and deletes every container through containerd's
+``k8s.io`` namespace (``drain``, noting the Pods' network namespaces), stops the
+processes, then ``reap_node`` removes the rest:
 containers left in runc's state, this run's shims, every mount under the node's
 directory, the Pods' ``cni-*`` namespaces, the kubelet's ``/var/log/containers`` links
 into the run, and the node's namespace (the veth pair goes with it). A killed owner's
@@ -84,6 +90,12 @@ NETNS_PREFIX = "holdwarden-"
 CRI_NAMESPACE = "k8s.io"
 POD_SUBNET = "10.244.0.0/24"
 BRIDGE = "hw0"
+CLUSTER_DOMAIN = "cluster.local"
+# CoreDNS's ports, in the node's namespace: DNS on the node's end of the link (a Pod's
+# resolv.conf names no port), its readiness on the same address.
+DNS_PORT = 53
+DNS_READY_PORT = 8181
+COREDNS_USER = "holdwarden:coredns"
 _LINK_POOL = ipaddress.ip_network("100.64.0.0/10")
 # Each run's Service range, a /24 of this pool drawn with its link: the host routes it to
 # the node's namespace, so two runs on one machine must not share one.
@@ -364,9 +376,10 @@ class RealNode:
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self._marker.write_text(f"{self.root}\n")
-        binaries = controller_binaries(("kubelet", "kube-proxy"))
+        binaries = controller_binaries(("kubelet", "kube-proxy", "coredns"))
         self._timed("containerd", self._start_containerd)
         self._timed("pause image", lambda: self.import_image(build_image(PAUSE_IMAGE)))
+        self._timed("coredns", lambda: self._start_coredns(binaries["coredns"]))
         self._timed("kubelet", lambda: self._start_kubelet(binaries["kubelet"]))
         self._timed("kube-proxy", lambda: self._start_kube_proxy(binaries["kube-proxy"]))
         self._timed("node ready", self._wait_ready)
@@ -428,7 +441,7 @@ class RealNode:
 
     def log_tails(self, size: int = 3000) -> str:
         parts = []
-        for name in ("containerd", "kubelet", "kube-proxy"):
+        for name in ("containerd", "kubelet", "kube-proxy", "coredns"):
             log = self.cluster.workdir / f"{name}.log"
             if log.exists():
                 parts.append(f"--- {name} log tail ---\n{log.read_text(errors='replace')[-size:]}")
@@ -558,6 +571,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "podLogsDir": str(self.root / "pod-logs"),
             "volumePluginDir": str(work / "volume-plugins"),
             "resolvConf": "/etc/resolv.conf",
+            # The run's CoreDNS, in the node's namespace on its end of the link.
+            "clusterDNS": [self.link.node],
+            "clusterDomain": CLUSTER_DOMAIN,
             "imageGCHighThresholdPercent": 100,
             "evictionHard": {"memory.available": "1%"},
             "nodeStatusUpdateFrequency": "2s",
@@ -581,6 +597,48 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "--v=1",
             ],
         )
+
+    def _start_coredns(self, coredns: Path) -> None:
+        """CoreDNS answering for the cluster domain from the apiserver, as its own user
+        with the read access CoreDNS's kubernetes plugin needs (bound here). Other names
+        are refused: nothing upstream is reachable from the node."""
+        work = self.root / "coredns"
+        with self.cluster.api_client() as api:
+            rbac = k8s.RbacAuthorizationV1Api(api)
+            role: Any = {
+                "metadata": {"name": COREDNS_USER},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["services", "pods", "namespaces"],
+                     "verbs": ["list", "watch"]},
+                    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                     "verbs": ["list", "watch"]},
+                ],
+            }  # fmt: skip
+            binding: Any = {
+                "metadata": {"name": COREDNS_USER},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": COREDNS_USER},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": COREDNS_USER}],
+            }  # fmt: skip
+            rbac.create_cluster_role(role)
+            rbac.create_cluster_role_binding(binding)
+        kubeconfig = _client_kubeconfig(self.cluster, COREDNS_USER, [], work)
+        address = self.link.node
+        corefile = f"""{CLUSTER_DOMAIN}:{DNS_PORT} in-addr.arpa:{DNS_PORT} {{
+    bind {address}
+    errors
+    ready {address}:{DNS_READY_PORT}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa {{
+        kubeconfig {kubeconfig}
+        pods insecure
+        ttl 5
+    }}
+    cache 5
+}}
+"""
+        (work / "Corefile").write_text(corefile)
+        self._spawn("coredns", [str(coredns), "-conf", str(work / "Corefile")])
 
     def _start_kube_proxy(self, kube_proxy: Path) -> None:
         work = self.root / "kube-proxy"
@@ -631,6 +689,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 return False
 
         self._wait("kube-proxy's rules synced (healthz 200)", proxy_synced)
+
+        def dns_ready() -> bool:
+            # 200 once the kubernetes plugin has synced its Services and EndpointSlices.
+            url = f"http://{self.link.node}:{DNS_READY_PORT}/ready"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    return bool(response.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        self._wait("CoreDNS ready (its kubernetes plugin synced)", dns_ready)
 
     # -- measurements ------------------------------------------------------------------
 

@@ -1,13 +1,15 @@
 """``helm install`` of the chart on the real node, as docs/install.md says (the Namespace
 with its Pod Security labels first, then the chart with the image's repository and tag):
 both replicas Ready, failurePolicy ``Fail``, a held unsuspend refused through the Service,
-a changed value rolling the Pods (``helm upgrade``: the
+``helm test`` passing (its Pod finds the Service through the node's cluster DNS), a changed
+value rolling the Pods (``helm upgrade``: the
 ``checksum/config`` annotation), and the documented uninstall leaving nothing that
 refuses the same write."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -101,9 +103,14 @@ def test_helm_install_runs_the_enforcer_on_the_real_node(
         refusal = unsuspend(custom, team)
         assert refusal is not None and refusal.status == 403, "the held unsuspend was accepted"
         assert "held-trainjob-suspended" in str(refusal.body), refusal.body
-        # Not run here: `helm test`'s Pod dials holdwarden.holdwarden-system.svc, and the
-        # real node has no cluster DNS yet (the kubelet has no clusterDNS), so the name does
-        # not resolve in a Pod. tests/test_install_onestep.py runs its command directly.
+        # `helm test`: its Pod resolves holdwarden.holdwarden-system.svc through the node's
+        # cluster DNS (the run's CoreDNS) and sends the enforcer a review it must refuse.
+        tested_at = time.monotonic()
+        tested = helm(cluster, tmp_path, "test", "holdwarden", "-n", NAMESPACE,
+                      "--timeout", "180s", timeout=240)  # fmt: skip
+        assert re.search(r"TEST SUITE:\s+holdwarden-test-review", tested), tested
+        assert re.search(r"Phase:\s+Succeeded", tested), tested
+        test_seconds = time.monotonic() - tested_at
 
         # helm upgrade with a changed configuration rolls the Pods.
         old_pods = {p.metadata.name for p in ready_pods(core)}
@@ -156,7 +163,8 @@ def test_helm_install_runs_the_enforcer_on_the_real_node(
     assert unsuspend(custom, team) is None, "the unsuspend is still refused after the uninstall"
     report(
         f"helm install on the real node: both replicas Ready {ready_at:.1f}s, failurePolicy "
-        f"Fail {fail_at:.1f}s after the install; helm upgrade of the configuration rolled in "
+        f"Fail {fail_at:.1f}s after the install; helm test passed in {test_seconds:.1f}s; "
+        f"helm upgrade of the configuration rolled in "
         f"{rollout_seconds:.1f}s; uninstall {uninstall_seconds:.1f}s"
     )
     admin.close()  # type: ignore[no-untyped-call]
