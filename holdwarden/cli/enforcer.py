@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from holdwarden.cli.serve import verify_enforcer
+from holdwarden.cli.stopping import stop_waiter
 from holdwarden.config import Config, split_address
 from webhook.audit import AuditWriter
 from webhook.audit_sinks import EventsClient, EventsSink, KubeEvents, SinkMetrics, StdoutSink
@@ -301,24 +301,10 @@ async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | N
     holdwarden/cli/gate.py) and its own Deployment.
     """
     server = EnforcerServer(config)
-    stop = asyncio.Event()
-    if until is None:
-        # The handlers go in before the server starts: a SIGTERM that arrives while it is
-        # starting (a rollout that changes its mind, or a test that stops it right after
-        # "serving") must drain and exit 0, not kill the process with the default action.
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        # SIGHUP (logrotate's postrotate) reopens the audit log; it must not end the
-        # process, which is its default action.
-        loop.add_signal_handler(signal.SIGHUP, server.reopen_logs)
+    stopped = stop_waiter(until, log, on_hangup=server.reopen_logs)
     await server.start()
     try:
-        if until is not None:
-            await until()
-        else:
-            await stop.wait()
-            log.info("stopping")
+        await stopped()
         await server.drain()
     finally:
         await server.stop()

@@ -18,7 +18,7 @@ import logging
 import sys
 from typing import Any
 
-from holdwarden.cli.logs import LOG_LEVELS, configure_logging
+from holdwarden.cli.logs import add_log_level_argument, configure_logging
 from holdwarden.cli.serve import check_address
 from holdwarden.config import Config, ConfigError
 from holdwarden.kubeclient import PRECEDENCE_HELP
@@ -43,12 +43,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--kubeconfig", metavar="PATH", help=f"kubeconfig file; default: {PRECEDENCE_HELP}"
     )
     gate.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
-    gate.add_argument(
-        "--log-level",
-        default="info",
-        choices=LOG_LEVELS,
-        help="log level of the JSON log on stderr (default info)",
-    )
+    add_log_level_argument(gate)
     gate.set_defaults(handler=gate_command)
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from kubernetes import client as k8s
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from holdwarden.cli.stopping import stop_waiter
 from holdwarden.config import Config, split_address
 from readmission.controller import ReadmissionGate
 
@@ -123,17 +123,9 @@ async def run_gate(
 ) -> None:
     """Run the gate until SIGTERM/SIGINT (or until ``until()`` returns), then stop it."""
     server = GateServer(config, api_client, identity=identity)
-    stop = asyncio.Event()
-    if until is None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    stopped = stop_waiter(until, log)
     await server.start()
     try:
-        if until is not None:
-            await until()
-        else:
-            await stop.wait()
-            log.info("stopping")
+        await stopped()
     finally:
         await server.stop()

@@ -3,6 +3,7 @@ JSON object a line on stderr."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -45,3 +46,13 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 LOG_LEVELS = ("debug", "info", "warning")
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
+    """``--log-level``, as every long-running command (``serve``, ``gate``) takes it."""
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=LOG_LEVELS,
+        help="log level of the JSON log on stderr (default info)",
+    )

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from holdwarden.cli.logs import LOG_LEVELS, configure_logging
+from holdwarden.cli.logs import add_log_level_argument, configure_logging
 from holdwarden.config import AUDIT_SINKS, CERT_MODES, Config, ConfigError, check_audit_sinks
 
 if TYPE_CHECKING:
@@ -67,12 +67,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="where refusals are recorded: file, stdout or events; repeat it for several "
         "(duplicates fold). Given, it replaces webhook.auditSinks",
     )
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        choices=LOG_LEVELS,
-        help="log level of the JSON log on stderr (default info)",
-    )
+    add_log_level_argument(serve)
     serve.set_defaults(handler=serve_command)
 
 

@@ -254,13 +254,18 @@ def test_durable_audit_keeps_a_refusal_across_the_pods_deletion(
         )
     finally:
         if installed:
-            message = diagnostics(cluster)
-            subprocess.run(
-                [*_kubectl_argv(cluster), "delete", "-k", str(folder), "--ignore-not-found",
-                 "--wait=false"], capture_output=True, timeout=120, check=False,
-            )  # fmt: skip
-            print(message)
+            abandon(cluster, folder)
         _delete_claims_and_volumes(core, volumes)
+
+
+def abandon(cluster: LocalCluster, folder: Path) -> None:
+    """After a failure: print the Pods' logs and Events, then delete the overlay without
+    waiting (the failure, not this, is what the test reports)."""
+    print(diagnostics(cluster))
+    subprocess.run(
+        [*_kubectl_argv(cluster), "delete", "-k", str(folder), "--ignore-not-found",
+         "--wait=false"], capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 def _kubectl_argv(cluster: LocalCluster) -> list[str]:
@@ -455,8 +460,4 @@ def test_monitoring_scrapes_every_enforcer_pod_as_its_servicemonitor_says(
         installed = False
     finally:
         if installed:
-            print(diagnostics(cluster))
-            subprocess.run(
-                [*_kubectl_argv(cluster), "delete", "-k", str(folder), "--ignore-not-found",
-                 "--wait=false"], capture_output=True, timeout=120, check=False,
-            )  # fmt: skip
+            abandon(cluster, folder)
