@@ -23,7 +23,7 @@ PYTHONS_TESTS := tests/test_webhook_review.py tests/test_webhook_rules.py \
 	tests/test_audit_rotation.py tests/test_adapter_kube.py tests/test_adapter_aio.py \
 	--deselect tests/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
 
-.PHONY: test test-setup binaries-kubernetes binaries-others test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
+.PHONY: test test-lane-controllers test-lane-others test-setup binaries-kubernetes binaries-others test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
 
 # $(call make_venv,INTERPRETER,VENV): the project with its dev dependencies in VENV.
 define make_venv
@@ -99,11 +99,25 @@ image: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: test-setup lint typecheck test-pythons
-	# The 30 slowest tests at the end: where the suite's time goes (docs/performance/).
-	$(VENV)/bin/pytest -q --durations=30
-	# The API floor (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy
-	# twin's parity, preflight's dry-run probe and the one-step install, the same tests.
+# The suite in two lanes at once, one per core: the real controllers' and the real node's
+# tests (tests/real, tests/pods), which mostly wait (node lifecycle, grace periods, Kueue's
+# requeues, containers starting), beside everything else, which mostly computes. Each
+# lane's output is printed whole when it ends, with its 20 slowest tests (where the time
+# goes: docs/performance/cold-make-test.md); a failure in one lets the other finish, then
+# `make test` fails. Two runs at once on one machine are safe: every port is reserved
+# machine-wide and every folder, namespace and process is the run's own (docs/testing.md).
+test: test-setup lint typecheck
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-controllers test-lane-others
+
+test-lane-controllers: $(STAMP)
+	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/controllers tests/real tests/pods
+
+# test-pythons first (beside the other lane's start), then the rest of the suite, then the
+# API floor (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy twin's
+# parity, preflight's dry-run probe and the one-step install, the same tests.
+test-lane-others: test-pythons
+	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/others \
+		--ignore=tests/real --ignore=tests/pods
 	$(PY) -m rig.localcluster.matrix --cell floor
 
 # The version matrix (docs/install.md): the real-controller story in each cell of versions,
