@@ -324,3 +324,48 @@ def test_a_changed_configuration_rolls(helm: Path, tmp_path: Path) -> None:
     patched = volume(render(overlay))
     assert shipped.startswith("holdwarden-config-") and patched.startswith("holdwarden-config-")
     assert shipped != patched
+
+
+@pytest.mark.parametrize(
+    ("values", "grace"),
+    [
+        ([], 30),
+        (["config.webhook.shutdownDelay=6s"], 31),
+        (["config.webhook.drainTimeout=1m30s", "config.webhook.shutdownDelay=250ms"], 101),
+        # Keys left out: the server's defaults, which the template must also assume.
+        (["config.webhook.shutdownDelay=null", "config.webhook.drainTimeout=null"], 30),
+        (["certificates.mode=provided", "sidecar.enabled=true",
+          "sidecar.supervisorImage=supervisor:1", "config.webhook.drainTimeout=40s"], 55),
+    ],
+    ids=["defaults", "delay-6s", "drain-1m30s", "keys-left-out", "sidecar"],
+)  # fmt: skip
+def test_the_grace_period_covers_the_pre_stop_the_delay_and_the_drain(
+    helm: Path, tmp_path: Path, values: list[str], grace: int
+) -> None:
+    """A Pod killed mid-drain fails the reviews it still holds: whatever the shutdown delay
+    and drain timeout, the enforcer Pod's grace period covers preStop, then the delay, at
+    most the drain and 5 s to exit, as the server reads them from the rendered ConfigMap."""
+    objs = helm_template(helm, values, tmp_path)
+    (configmap,) = [o for o in objs if o["kind"] == "ConfigMap"]
+    hook = Config.from_dict(yaml.safe_load(configmap["data"]["config.yaml"])).webhook
+    (pod,) = [
+        o["spec"]["template"]["spec"]
+        for o in objs
+        if o["kind"] == "Deployment"
+        and any(c["name"] == "enforcer" for c in o["spec"]["template"]["spec"]["containers"])
+    ]
+    (enforcer,) = [c for c in pod["containers"] if c["name"] == "enforcer"]
+    sleep = float(enforcer["lifecycle"]["preStop"]["sleep"]["seconds"])
+    needed = sleep + hook.shutdown_delay.total_seconds() + hook.drain_timeout.total_seconds() + 5
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert needed <= grace < needed + 1, (needed, grace)
+
+
+def test_a_duration_the_grace_period_cannot_read_is_refused_naming_it(
+    helm: Path, tmp_path: Path
+) -> None:
+    args = ["template", "holdwarden", str(CHART), "--kube-version", "1.36.3",
+            "--set", "config.webhook.drainTimeout=soon"]  # fmt: skip
+    result = helm_run(helm, args, tmp_path)
+    assert result.returncode != 0, result.stdout[-500:]
+    assert "config.webhook.drainTimeout" in result.stderr and "soon" in result.stderr
