@@ -51,3 +51,36 @@ def test_no_reference_page_tells_history() -> None:
         for match in history.finditer(page.read_text())
     ]
     assert not told, told
+
+
+def test_the_cli_reference_names_every_command_and_option() -> None:
+    """docs/reference/cli.md against the parser itself: every sub-command, and every long
+    option of the commands it documents in full (certs and demo have their own pages)."""
+    import argparse
+
+    from holdwarden.cli import build_parser
+
+    text = (DOCS / "reference" / "cli.md").read_text()
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [name for name in commands.choices if f"holdwarden {name}" not in text]
+    for name, command in commands.choices.items():
+        if name in ("certs", "demo"):
+            continue
+        for action in command._actions:
+            missing += [
+                f"holdwarden {name} {option}"
+                for option in action.option_strings
+                if option.startswith("--") and option != "--help" and option not in text
+            ]
+    assert not missing, missing
+
+
+def test_the_rules_reference_lists_the_rules_in_their_evaluation_order() -> None:
+    """docs/reference/rules.md's table against webhook/rules.py: CREATE and UPDATE rules in
+    ``RULE_ORDER``, then the DELETE rule."""
+    from webhook.rules import DELETE_RULE_ORDER, RULE_ORDER
+
+    text = (DOCS / "reference" / "rules.md").read_text()
+    table = re.findall(r"^\| \d+ \| `([a-z-]+)` \|", text, flags=re.MULTILINE)
+    assert table == [str(rule) for rule, _ in RULE_ORDER + DELETE_RULE_ORDER]
