@@ -388,8 +388,7 @@ def _rotate(args: argparse.Namespace) -> int:
     )
     _summary("serving", serving.certificate)
     print(
-        "next: inject ca.crt before the server loads the new tls.crt "
-        "(docs/how-to/certificates.md)"
+        "next: inject ca.crt before the server loads the new tls.crt (docs/how-to/certificates.md)"
     )
     return 0
 

@@ -6,8 +6,8 @@ caBundle, with the shipped matchConditions), once with only the policy of
 ``manifests/policy`` bound. For every write the verdict (allowed, or refused by rule id, or
 any other error) must be the same. The counts are the table in docs/explanation/policy.md,
 which this test keeps honest: it fails if the table and the run differ
-(HOLDWARDEN_WRITE_DOCS=1 rewrites it). Each of the five rules must refuse some writes in both runs, so removing a
-rule from either twin fails the test.
+(HOLDWARDEN_WRITE_DOCS=1 rewrites it). Each of the five rules must refuse some writes in
+both runs, so removing a rule from either twin fails the test.
 
 It also measures UPDATE latency through the apiserver with no admission, with the webhook
 and with the policy, in the same run (printed; docs/performance/policy-latency.md quotes runs).
