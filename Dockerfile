@@ -23,7 +23,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # freed heap before giving it back. Its default (a threshold that moves with each free, and
 # trimming above twice it) made every 1.5 MB review map and fault in ~3 MB of fresh pages
 # (~750 page faults), half its CPU cost and most of its run-to-run spread
-# (docs/enforcer.md, "Large reviews"). The peak is bounded as before; what changes is that
+# (docs/performance/large-reviews.md). The peak is bounded as before; what changes is that
 # up to 64 MiB of it stays mapped after a burst.
 ENV MALLOC_MMAP_THRESHOLD_=4194304 MALLOC_TRIM_THRESHOLD_=67108864
 # The dependencies in a layer of their own, before the project's code: a change to the code

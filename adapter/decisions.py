@@ -9,7 +9,7 @@ decided on: adapter/patches.py) or an outcome that needs no write.
 The held object is the Workload in Kueue mode and the TrainJob in plain mode. In Kueue mode
 no decision here ever writes ``spec.suspend``: Kueue owns that field.
 
-Decisions the spec leaves open (documented in docs/adapter.md):
+Decisions the spec leaves open (documented in docs/explanation/holds-and-modes.md):
 
 - Hold(m) on a first read that finds an *older* instance in force replaces it (a newer hold
   supersedes); a *newer* instance is ``stale``.
@@ -414,7 +414,8 @@ def multikueue_capability(
             f"AdmissionCheck of {gate_controller}: after a Release MultiKueue may dispatch the "
             "job to a worker again while the held execution still runs on the first (Kueue "
             "does not wait for its pods there); list the readmission AdmissionCheck beside "
-            'MultiKueue\'s in the ClusterQueue (docs/enforcer.md, "MultiKueue")',
+            "MultiKueue's in the ClusterQueue "
+            '(docs/explanation/readmission-gate.md, "MultiKueue")',
         )
     queues = ", ".join(queue for queue, _ in dispatching)
     return Capability(

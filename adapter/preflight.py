@@ -7,7 +7,7 @@ an answer means is decided by the pure functions below the class, each with its 
 tests (``tests/test_adapter_preflight_pure.py``); the class only asks and hands the answers
 over.
 
-The capabilities (docs/adapter.md, "Preflight"):
+The capabilities (docs/reference/adapter-api.md, "Preflight"):
 
 - ``hold_round_trip``: a server-side dry-run create of a correctly held object keeps its
   hold annotations and hold field (``round_trip_capability``).
@@ -193,7 +193,8 @@ class Preflight:
         ``scan``: also list up to 100 Workloads for evidence of a mismatch with Kueue's
         manageJobsWithoutQueueName (``queueless``). Only an explicit preflight scans: the
         lazy one on a namespace's first Hold sends no LIST of Workloads (Hold finds its
-        Workload by name, at any namespace size; docs/adapter.md, "Kueue mode")."""
+        Workload by name, at any namespace size; docs/explanation/holds-and-modes.md,
+        "Kueue mode")."""
         runtime = yield from self.runtime_ref(namespace, deadline)
         extra: dict[str, Capability] = {}
         if self.mode == "kueue":
@@ -529,7 +530,7 @@ class Preflight:
 
         Read from ``webhook.holderIdentities`` (the enforcer reads the same file) and the
         identity the apiserver authenticates us as (SelfSubjectReview). No write can show
-        it: a holder's writes pass the rule, which is the point of it (docs/policy.md).
+        it: a holder's writes pass the rule, which is the point of it (docs/explanation/policy.md).
         """
         holders = self.config.webhook.holder_identities
         if not holders:

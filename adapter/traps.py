@@ -3,7 +3,7 @@
 No I/O here: each function takes what was read (objects as the API server sent them, the
 text of a ConfigMap, a refusal's status and message) and says what it means. Preflight
 (``adapter.preflight``) and the core (``adapter.core``: Observe, Release, every write of a
-TrainJob) ask the questions; these answer them. docs/adapter.md, "Traps", tells the story.
+TrainJob) ask the questions; these answer them. docs/explanation/traps.md tells the story.
 
 1. Kueue up to v0.19 does not requeue a Workload reactivated after Kueue's *own*
    deactivation: it turns the ``Requeued`` condition True again only when its reason is
@@ -430,7 +430,8 @@ def force_delete_capability(
             "plus a minute after its deletion) when its node is tainted unreachable, and the "
             "readmission gate then counts it gone although the "
             "lost node may still run it, so a released job can run twice; remove the "
-            f"annotation from the pod templates of held jobs (docs/enforcer.md, "
+            "annotation from the pod templates of held jobs "
+            "(docs/explanation/readmission-gate.md, "
             f"\"What 'gone' means\"){blind}",
         )
     return Capability(True, f"no pod here opts in to Kueue's force deletion{blind}")

@@ -128,8 +128,8 @@ class Observation:
         no hold is in force and the job is not running, and reactivating it, by Release or
         by hand, will not run it on Kueue up to v0.19: Kueue either deactivates it again at
         once (its ``DeactivationTarget`` condition stays True after a time limit) or, active,
-        never queues it (kueue issue 14870). Deleting the Workload does (docs/adapter.md,
-        "Traps"). On Kueue v0.20 and later a reactivated one is requeued within moments."""
+        never queues it (kueue issue 14870). Deleting the Workload does (docs/explanation/traps.md,
+        1). On Kueue v0.20 and later a reactivated one is requeued within moments."""
         return (
             self.workload is not None
             and self.kueue_requeue_blocked is not None
@@ -139,7 +139,8 @@ class Observation:
     @property
     def ungated_admission(self) -> bool:
         """Kueue mode: the job runs, and its Workload carries no AdmissionCheck at all, so
-        the readmission gate did not decide this execution (docs/adapter.md, "Observe")."""
+        the readmission gate did not decide this execution (docs/reference/adapter-api.md,
+        "Observe")."""
         return (
             self.workload is not None
             and self.state is State.RUNNING

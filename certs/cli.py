@@ -150,7 +150,7 @@ def register(subparsers: argparse._SubParsersAction[Any], verify: Verifier) -> N
         description=(
             "Add a new CA to the front of ca.crt, keeping every still-valid old CA, then "
             "(unless --ca-only) a new serving certificate signed by it. Inject ca.crt "
-            "before the server sees the new serving certificate: see docs/certificates.md."
+            "before the server sees the new serving certificate: see docs/how-to/certificates.md."
         ),
     )
     rotate.add_argument("--dir", required=True, metavar="DIR", help="an existing cert dir")
@@ -387,7 +387,9 @@ def _rotate(args: argparse.Namespace) -> int:
         validity=args.validity,
     )
     _summary("serving", serving.certificate)
-    print("next: inject ca.crt before the server loads the new tls.crt (docs/certificates.md)")
+    print(
+        "next: inject ca.crt before the server loads the new tls.crt (docs/how-to/certificates.md)"
+    )
     return 0
 
 

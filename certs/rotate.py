@@ -1,6 +1,6 @@
 """Rotation with overlap: a new CA joins the bundle before anything is signed by it.
 
-The procedure (docs/certificates.md) in terms of these functions:
+The procedure (docs/how-to/certificates.md) in terms of these functions:
 
   1. ``rotate_ca``: new CA; ``ca.crt`` = new CA + every still-valid old CA; new ``ca.key``.
      The serving certificate is untouched, so nothing changes for clients yet.

@@ -1,6 +1,7 @@
 """Self-managed certificates: the enforcer keeps its own CA and serving certificate.
 
-``webhook.certificates.mode: self-managed`` (docs/certificates.md). Every replica runs a
+``webhook.certificates.mode: self-managed``
+(docs/explanation/self-managed-certificates.md). Every replica runs a
 ``SelfManagedTLS`` as its TLS source. Each ``interval`` it reads the Secret
 ``secretName`` and the ValidatingWebhookConfiguration ``webhookConfiguration``, serves
 the Secret's ``tls.crt``/``tls.key`` from memory (no file, no volume), and is ready only

@@ -57,7 +57,7 @@ CERT_MODES = ("files", "self-managed")
 
 @dataclass(frozen=True)
 class CertificatesConfig:
-    """Where the serving certificate comes from (docs/certificates.md).
+    """Where the serving certificate comes from (docs/how-to/certificates.md).
 
     ``files``: ``webhook.certDir`` (a mounted Secret, cert-manager's or a manual one).
     ``self-managed``: the enforcer itself keeps a CA and the serving certificate in Secret
@@ -114,7 +114,7 @@ class WebhookConfig:
     audit_log: Path = Path("/var/log/holdwarden/audit.jsonl")
     metrics_address: str = "0.0.0.0:9090"
     max_body_bytes: int = 3 * 1024 * 1024
-    # Connections (docs/enforcer.md, "Connections and memory"). The idle timeout is longer
+    # Connections (docs/explanation/connections.md). The idle timeout is longer
     # than the kube-apiserver's own (90 s), so the apiserver, not this server, closes an
     # idle connection: a server-side close can race a POST that Go will not retry.
     idle_timeout: timedelta = timedelta(seconds=120)

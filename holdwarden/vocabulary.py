@@ -172,7 +172,7 @@ def rule_of_event_reason(reason: object) -> str | None:
 # hold-owner-only's break-glass: members of this group may always change a hold. It is the
 # apiserver's own superuser group (RBAC cannot restrict it), so exempting it gives a cluster
 # admin nothing they could not do anyway (delete the webhook or the policy), but lets them
-# fix a wedged hold without doing that (docs/policy.md, "Break-glass").
+# fix a wedged hold without doing that (docs/explanation/policy.md, "Break-glass").
 BREAK_GLASS_GROUP = "system:masters"
 
 # Who may delete a held Workload (held-workload-kept): the garbage collector, once its

@@ -4,7 +4,8 @@ On a MultiKueue manager cluster a TrainJob whose ``spec.managedBy`` is MultiKueu
 pods on the manager. Kueue copies it (same name and namespace) to one worker cluster,
 Trainer and JobSet run it there, and a hold on the manager's Workload only makes Kueue
 delete that copy; nothing in Kueue waits for its pods to be gone before it dispatches the
-job again, possibly to another worker (docs/enforcer.md, "MultiKueue"). So before the
+job again, possibly to another worker (docs/explanation/readmission-gate.md,
+"MultiKueue"). So before the
 gate lets such a job be admitted again, it counts what every worker cluster MultiKueue
 knows still has of it, through the kubeconfig Secret each ``MultiKueueCluster`` names.
 

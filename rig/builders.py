@@ -3,7 +3,7 @@ dicts, never fakes), shared by the tests, the demo and the benchmarks.
 
 ``kueue_workload_body`` is the Workload as Kueue makes it for a TrainJob: the
 ``kueue.x-k8s.io/job-uid`` label and a controller ownerReference (what the real Kueue
-v0.19.2 writes; docs/proof.md), so every actor of Kueue writes the same object.
+v0.19.2 writes; docs/explanation/proof.md), so every actor of Kueue writes the same object.
 """
 
 from __future__ import annotations

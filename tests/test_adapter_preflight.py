@@ -324,7 +324,8 @@ def test_kueue_preflight_reports_a_multikueue_queue_without_the_gate(
     says: str,
 ) -> None:
     """A queue that dispatches through MultiKueue is safe to release only through the gate
-    (docs/enforcer.md, "MultiKueue"); preflight says which, and Hold stays supported."""
+    (docs/explanation/readmission-gate.md, "MultiKueue"); preflight says which, and Hold
+    stays supported."""
     dispatch, gate = f"mk-{uuid.uuid4().hex[:6]}", f"gate-{uuid.uuid4().hex[:6]}"
     checks = [dispatch, gate] if with_gate else [dispatch]
     lq = _queue(

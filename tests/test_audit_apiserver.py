@@ -1,4 +1,4 @@
-"""The apiserver's audit log, with the audit policy docs/enforcer.md gives, is the
+"""The apiserver's audit log, with the audit policy docs/explanation/audit-trail.md gives, is the
 authoritative record of a refusal; holdwarden's own log also holds forged reviews.
 
 A second local control plane runs with ``--audit-policy-file`` (the snippet copied from the
@@ -47,11 +47,12 @@ WAIT = 30.0  # seconds for the apiserver to use the webhook, or to write an even
 
 
 def documented_policy() -> str:
-    """The audit Policy YAML block of docs/enforcer.md, exactly as a reader copies it."""
-    text = (ROOT / "docs" / "enforcer.md").read_text()
+    """The audit Policy YAML block of docs/explanation/audit-trail.md, exactly as a reader
+    copies it."""
+    text = (ROOT / "docs" / "explanation" / "audit-trail.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
     policies = [b for b in blocks if "kind: Policy" in b]
-    assert len(policies) == 1, "docs/enforcer.md should give one audit Policy"
+    assert len(policies) == 1, "docs/explanation/audit-trail.md should give one audit Policy"
     return str(policies[0])
 
 

@@ -501,7 +501,7 @@ async def test_close_drains_the_queue_within_its_timeout() -> None:
 
 def test_the_install_guide_gives_the_tested_apiserver_audit_policy() -> None:
     """docs/install.md repeats the audit Policy that tests/test_audit_apiserver.py runs the
-    apiserver with (from docs/enforcer.md), word for word."""
+    apiserver with (from docs/explanation/audit-trail.md), word for word."""
     import re
 
     from tests.test_audit_apiserver import documented_policy

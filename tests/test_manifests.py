@@ -132,7 +132,8 @@ def test_webhook_configuration_matches_the_contract() -> None:
     }
     for rule in hook["rules"]:
         assert len(rule["apiGroups"]) == len(rule["apiVersions"]) == len(rule["resources"]) == 1
-        # CREATE and UPDATE (docs/enforcer.md); DELETE for Workloads only (held-workload-kept);
+        # CREATE and UPDATE (docs/reference/rules.md); DELETE for Workloads only
+        # (held-workload-kept);
         # never the status subresource.
         expected = (
             ["CREATE", "UPDATE", "DELETE"]

@@ -147,7 +147,7 @@ def test_sidecar_serves_the_webhook_from_the_supervisors_pods() -> None:
 
 def test_cert_manager_makes_the_secret_the_pod_mounts_for_the_names_the_apiserver_dials() -> None:
     """manifests/cert-manager, rendered (cert-manager itself is not run here: no binary and
-    no CRDs of it in this repository; docs/certificates.md says so). Its objects must agree
+    no CRDs of it in this repository; docs/how-to/certificates.md says so). Its objects must agree
     with the base: the serving Certificate writes the Secret the Deployment mounts, for the
     Service's names, signed by a CA Issuer whose CA cainjector injects into the webhook."""
     base = render(MANIFESTS, [MANIFESTS / "provided"])

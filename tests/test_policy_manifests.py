@@ -82,7 +82,7 @@ def test_policy_only_installs_the_policy_and_nothing_else() -> None:
 def test_defence_in_depth_puts_the_policy_beside_a_webhook_that_ignores_failures(
     tmp_path: Path,
 ) -> None:
-    # An overlay that uses the components as docs/policy.md says (kustomize refuses a
+    # An overlay that uses the components as docs/explanation/policy.md says (kustomize refuses a
     # component that includes its own parent, so the overlay lives next to a copy).
     shutil.copytree(MANIFESTS, tmp_path / "manifests")
     overlay = tmp_path / "overlay"

@@ -10,7 +10,8 @@ conditions read from the manifest file itself:
   ``failurePolicy: Fail`` and pointing at a closed port. A table of write kinds, each
   judged by the pure rules (what a running enforcer would answer) and then sent with the
   enforcer down. Writes to objects with no hold that the rules allow all pass; every
-  write the rules refuse is still refused. The table is in docs/enforcer.md, and the test
+  write the rules refuse is still refused. The table is in docs/explanation/blast-radius.md,
+  and the test
   fails if the two differ.
 - ``test_every_refused_write_reaches_the_webhook``: a Hypothesis property. A counting
   webhook (allows everything) registered with the shipped conditions; generated writes
@@ -71,7 +72,7 @@ from webhook.rules import Change, RulesConfig, evaluate, skip_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
-ENFORCER_DOC = ROOT / "docs" / "enforcer.md"
+BLAST_RADIUS_DOC = ROOT / "docs" / "explanation" / "blast-radius.md"
 LABEL = "holdwarden.io/blast-radius"
 OWN_NAMESPACE = "holdwarden-system"
 REQUEST_TIMEOUT = 20  # seconds, for every API call: nothing here may hang
@@ -593,8 +594,10 @@ def _render(outcomes: list[Outcome]) -> str:
 
 
 def _documented_table() -> str:
-    text = ENFORCER_DOC.read_text()
-    assert TABLE_BEGIN in text and TABLE_END in text, "docs/enforcer.md lost its table markers"
+    text = BLAST_RADIUS_DOC.read_text()
+    assert TABLE_BEGIN in text and TABLE_END in text, (
+        "docs/explanation/blast-radius.md lost its table markers"
+    )
     return text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip()
 
 
@@ -663,7 +666,7 @@ def test_blast_radius_with_the_enforcer_down(
     # kube-system and holdwarden's namespace are not judged at all, even hold-breaking writes.
     assert excluded and all(o.rules_refuse and not o.refused_down for o in excluded)
     assert _documented_table() == table, (
-        "docs/enforcer.md (Blast radius) differs from this run; the table is:\n" + table
+        "docs/explanation/blast-radius.md differs from this run; the table is:\n" + table
     )
 
 

@@ -8,7 +8,8 @@ What a line holds (``audit_record``):
   - every free-text field is capped (``FIELD_LIMITS``, in encoded bytes) and a cut field
     is named in ``truncated`` with its original length, so an encoded line is at most
     ``MAX_LINE_BYTES`` whatever the request held. The who/what fields come from the review
-    body, which the apiserver signs nothing of: see docs/enforcer.md for which fields a
+    body, which the apiserver signs nothing of: see docs/explanation/audit-trail.md for which
+    fields a
     caller can forge and for the apiserver's own audit log as the authoritative record.
 
 Writing (``AuditWriter``):

@@ -146,7 +146,7 @@ def audit_command(args: argparse.Namespace) -> int:
         print(
             f"holdwarden audit: no audit log at {path} (nor rotated files {path}.1, ...); "
             f"check {where}. The enforcer creates it at start-up; in a cluster each Pod keeps "
-            'its own (docs/enforcer.md, "Audit").',
+            "its own (docs/explanation/audit-trail.md).",
             file=sys.stderr,
         )
         return 1

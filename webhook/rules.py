@@ -8,7 +8,7 @@ Which requests are judged (``skip_reason`` says why one is not):
     ``kueue.x-k8s.io`` (any version: the fields the rules read are the same in every
     served version);
   - with an empty sub-resource (``status`` writes cannot change metadata or spec);
-  - operation CREATE or UPDATE (docs/enforcer.md, "What is judged"). CREATE is
+  - operation CREATE or UPDATE (docs/reference/rules.md, "What is judged"). CREATE is
     judged too, because an object that is created held-but-running breaks the invariant
     just as an update does, and the adapter's preflight probes the enforcer with a dry-run
     CREATE. On CREATE there is no old object, so only the rules that look at the new object
@@ -28,7 +28,7 @@ Evaluation order (``RULE_ORDER``) is fixed, and ``evaluate`` returns the FIRST v
 ``violations`` returns every violation in that order (for tests and diagnostics); the
 response and the audit line carry the first.
 
-Decisions the contract leaves open, written down here and in docs/enforcer.md:
+Decisions the contract leaves open, written down here and in docs/reference/rules.md:
   - "carries P/hold-instance" means the key is present with any value: a garbled hold is
     still a hold, so the held-* rules apply to it too.
   - hold-instance-monotonic compares two VALID instances only. Removing the annotation is a
@@ -382,7 +382,7 @@ def hold_owner_only(change: Change, config: RulesConfig) -> Violation | None:
         f"not {what} (the {config.annotations.prefix}/hold-* annotations"
         f"{', spec.active' if reactivated else ''}). Ask the holder to release it "
         f"(`holdwarden release {target} --instance {parse_hold_instance(instance) or 'N'}`); "
-        f"in an emergency a cluster admin in {BREAK_GLASS_GROUP} may (docs/policy.md, "
+        f"in an emergency a cluster admin in {BREAK_GLASS_GROUP} may (docs/explanation/policy.md, "
         f"break-glass).",
         instance,
     )

@@ -1,6 +1,6 @@
 """``holdwarden gate``: the readmission gate (readmission/) as its own process.
 
-A Kueue AdmissionCheck controller (docs/enforcer.md, "The readmission gate"), in its own
+A Kueue AdmissionCheck controller (docs/explanation/readmission-gate.md), in its own
 Deployment beside the enforcer's (manifests/readmission, the chart's
 ``readmission.enabled``), so that its re-lists of every job pod never share an event loop
 or a GIL with admission reviews. Its replicas campaign for the Lease
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "health endpoints",
         description="Run the readmission gate: set the Workloads' AdmissionCheck Ready only "
         "when the TrainJob is opened, no hold is in force and no pod of the previous "
-        "execution remains (docs/enforcer.md, 'The readmission gate').",
+        "execution remains (docs/explanation/readmission-gate.md).",
     )
     gate.add_argument("--config", metavar="FILE", help="holdwarden YAML configuration")
     gate.add_argument(

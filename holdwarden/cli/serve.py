@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--certificates",
         choices=CERT_MODES,
         help="webhook.certificates.mode: files (from --cert-dir) or self-managed (a CA and "
-        "serving certificate this server keeps in a Secret; docs/certificates.md)",
+        "serving certificate this server keeps in a Secret; "
+        "docs/explanation/self-managed-certificates.md)",
     )
     serve.add_argument("--audit-log", metavar="PATH", help="audit log file (JSON lines)")
     serve.add_argument("--metrics", metavar="ADDR", help="metrics/health address, host:port")

@@ -722,7 +722,7 @@ class LocalCluster:
     def _install_runtime(self) -> None:
         """The ClusterTrainingRuntime the TrainJobs name (``DEFAULT_RUNTIME``), where no real
         Trainer installs its own: Trainer refuses every update of a TrainJob whose runtime is
-        gone, and a Kueue-mode Release checks that it exists (docs/adapter.md, "Traps")."""
+        gone, and a Kueue-mode Release checks that it exists (docs/explanation/traps.md)."""
         body = {
             "apiVersion": "trainer.kubeflow.org/v1alpha1",
             "kind": "ClusterTrainingRuntime",

@@ -61,7 +61,7 @@ OPERATOR_CRDS = ("monitoring.coreos.com_servicemonitors.yaml",
                  "monitoring.coreos.com_prometheusrules.yaml")  # fmt: skip
 # Series the alerts and the dashboard read that a default install does not serve: the
 # gate's (holdwarden_readmission_*), from the readmission component, and the events sink's
-# counter, served only with that sink on (docs/enforcer.md's metrics table; the alert reads
+# counter, served only with that sink on (docs/reference/metrics.md's table; the alert reads
 # it with `or vector(0)`).
 NOT_SERVED_BY_DEFAULT = ("holdwarden_readmission_", "holdwarden_webhook_audit_events_total")
 

@@ -215,7 +215,8 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
     assert observed.state is State.HELD, observed
     left = {str(p.metadata.name) for p in story.objects.pods_on(lost) if p.metadata}
     assert left and left <= set(observed.leftover_pods), (left, observed.leftover_pods)
-    # What "gone" leans on (docs/enforcer.md): the lost node's pods still say Running,
+    # What "gone" leans on (docs/explanation/readmission-gate.md): the lost node's pods
+    # still say Running,
     # their kubelet's last word, while they wait to be confirmed.
     lost_uids = {str(p.metadata.uid) for p in story.objects.pods_on(lost) if p.metadata}
     assert {p.status.phase for p in story.objects.pods_on(lost) if p.status} == {"Running"}

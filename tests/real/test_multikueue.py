@@ -6,7 +6,8 @@ worker through a kubeconfig Secret and a MultiKueueCluster, over a proxy that th
 freeze (the worker goes silent: a partition). The enforcer and the readmission gate run on
 the manager, the gate's AdmissionCheck beside MultiKueue's in the ClusterQueue.
 
-What Kueue v0.19.2 does (docs/enforcer.md, "MultiKueue"): it dispatches only once every
+What Kueue v0.19.2 does (docs/explanation/readmission-gate.md, "MultiKueue"): it
+dispatches only once every
 other admission check is Ready; a deactivated manager Workload makes it delete the
 worker's mirror TrainJob (its pods then terminate there); and on reactivation it
 dispatches again without waiting for the old pods. So only the gate, counting the pods on
@@ -255,7 +256,8 @@ def test_the_manager_trainjob_names_multikueue_and_trainer_leaves_it_alone(pair:
 def test_a_trainjob_made_before_kueue_knows_its_queue_runs_nowhere(pair: Pair) -> None:
     """The race ``wait_local_queue_active`` avoids, made certain: the TrainJob exists before
     its queues, so Kueue's webhook cannot name MultiKueue and Trainer's default manager
-    stays. What Kueue does then (docs/enforcer.md, "MultiKueue"): MultiKueue's check is
+    stays. What Kueue does then (docs/explanation/readmission-gate.md, "MultiKueue"):
+    MultiKueue's check is
     Rejected and the Workload deactivated. Nothing runs on the manager or the worker."""
     with pair.manager.api_client() as admin, pair.worker.api_client() as worker_admin:
         namespace = f"mk-{uuid.uuid4().hex[:8]}"
