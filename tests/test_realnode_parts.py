@@ -1,10 +1,12 @@
 """The real node's parts that need no node: the image archive's layout, the Debian
-packages' check, and the reaper's protocol for a node (rig/localcluster/)."""
+packages' check, the reaper's protocol for a node, how a real node and kwok nodes share
+a cluster, and the reading of containerd's tasks (rig/localcluster/)."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import ipaddress
 import json
 import tarfile
 from pathlib import Path
@@ -68,3 +70,66 @@ def test_the_reaper_reaps_an_announced_node_after_the_kill(
     work.mkdir()
     reaper.run(work, io.StringIO(f"node holdwarden-1-abcdef hwabcdefh {work}\ndone\n"))
     assert len(reaped) == 1 and work.exists()
+
+
+_LIFECYCLE = {"node-lifecycle-controller", "taint-eviction-controller",
+              "pod-garbage-collector-controller"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pods", "nodes", "controllers", "short_timings"),
+    [
+        (False, False, {"job-controller", "garbage-collector-controller"}, False),
+        (False, True, {"job-controller", "garbage-collector-controller", *_LIFECYCLE}, True),
+        # "*": kube-controller-manager's default set, the node lifecycle's three included.
+        (True, False, {"*"}, False),
+        (True, True, {"*"}, True),
+    ],
+)
+def test_kube_controller_manager_runs_the_node_lifecycle_with_the_timings_of_kwok_nodes(
+    pods: bool, nodes: bool, controllers: set[str], short_timings: bool
+) -> None:
+    from rig.localcluster.controllers import NODE_LIFECYCLE_FLAGS, kcm_selection
+
+    selected, flags = kcm_selection(pods=pods, nodes=nodes)
+    assert set(selected) == controllers
+    expected = [f"--{flag}={value}" for flag, (value, _) in NODE_LIFECYCLE_FLAGS.items()]
+    assert flags == (expected if short_timings else [])
+
+
+def test_kwok_nodes_never_hand_out_the_real_nodes_pod_addresses() -> None:
+    from rig.localcluster.nodes import NODE_LABEL, node_body
+    from rig.localcluster.realnode import NODE_NAME, POD_SUBNET
+
+    real = ipaddress.ip_network(POD_SUBNET)
+    for index in range(5):
+        body = node_body(f"kwok-{index}", index)
+        cidr = ipaddress.ip_network(body["spec"]["podCIDR"])
+        assert body["spec"]["podCIDRs"] == [str(cidr)]
+        assert not cidr.overlaps(real), (index, cidr)
+        # Each kwok manages the node with its label; the real node has none.
+        assert body["metadata"]["labels"][NODE_LABEL] == f"kwok-{index}" != NODE_NAME
+
+
+def test_a_real_node_and_kwok_nodes_mix() -> None:
+    from rig.localcluster import LocalCluster
+
+    cluster = LocalCluster(pods=True, nodes=1)
+    # The real node brings the kube-controller-manager that kwok nodes need.
+    assert "kube-controller-manager" in cluster._controller_names
+    assert (cluster.pods, cluster.node_count) == (True, 1)
+
+
+def test_running_tasks_are_the_running_rows_of_ctr_tasks_ls() -> None:
+    from rig.localcluster.realnode import running_tasks
+
+    listing = (
+        "TASK                                                                PID     STATUS\n"
+        "0f3c9a2b7d1e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c    4321    RUNNING\n"
+        "aa11                                                                0       STOPPED\n"
+        "bb22                                                                77      PAUSED\n"
+    )
+    assert running_tasks(listing) == {
+        "0f3c9a2b7d1e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c": 4321
+    }
+    assert running_tasks("TASK    PID    STATUS\n") == {}

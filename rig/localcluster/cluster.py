@@ -194,14 +194,13 @@ class LocalCluster:
         kueue_settings: Mapping[str, Any] | None = None,
         pods: bool = False,
     ) -> None:
-        if pods and nodes:
-            raise ValueError("pods=True (a real node) and nodes= (kwok nodes) do not mix")
         if pods and "kube-controller-manager" not in controllers:
             # A real node needs the ordinary controllers (service-account tokens, the
             # root CA's ConfigMap, the node lifecycle that lifts the not-ready taint).
             controllers = ("kube-controller-manager", *controllers)
         # A real node (rig/localcluster/realnode.py): containerd, kubelet, kube-proxy and
-        # kube-scheduler; Pods really run.
+        # kube-scheduler; Pods really run. With nodes= too, the kwok nodes run beside it:
+        # one scheduler and one node lifecycle (the kwok timings) for all of them.
         self.pods = pods
         self.node: RealNode | None = None
         self._link: Link | None = None
@@ -471,7 +470,9 @@ class LocalCluster:
         from rig.localcluster.realnode import RealNode
 
         assert self._link is not None
-        start_scheduler(self)
+        if self.nodes is None:
+            # With kwok nodes, their phase started the one scheduler all nodes share.
+            start_scheduler(self)
         self.node = RealNode(self, self._link)
         self.node.start()
 

@@ -105,6 +105,27 @@ NODE_LIFECYCLE_FLAGS = {
     # taints the lost-node story waits for.
     "unhealthy-zone-threshold": ("1", "0.55"),
 }
+
+
+def kcm_selection(*, pods: bool, nodes: bool) -> tuple[list[str], list[str]]:
+    """kube-controller-manager's ``--controllers`` and its node-lifecycle flags, for a
+    cluster with a real node (``pods``), kwok nodes (``nodes``), both or neither.
+
+    Invariants: the Job and garbage-collector controllers always run; with a real node,
+    every ordinary controller does (``*``: kube-controller-manager's default set, which
+    includes the three of NODE_LIFECYCLE_CONTROLLERS); with kwok nodes, those three run
+    with the rig's timings (NODE_LIFECYCLE_FLAGS), a real node beside them or not, so that
+    a lost node is noticed as fast whichever nodes the cluster has. A real node alone keeps
+    the production timings."""
+    controllers = ["*"] if pods else ["job-controller", "garbage-collector-controller"]
+    if nodes and not pods:
+        controllers += list(NODE_LIFECYCLE_CONTROLLERS)
+    flags = (
+        [f"--{flag}={value}" for flag, (value, _) in NODE_LIFECYCLE_FLAGS.items()] if nodes else []
+    )
+    return controllers, flags
+
+
 _NAMESPACED_KINDS = {"Role", "RoleBinding", "ServiceAccount", "Secret", "ConfigMap"}
 _PREFIXED_RESOURCES = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
 
@@ -825,17 +846,13 @@ class _Setup:
                 "client-key": str(work / "client.key"),
             },
         )
-        controllers = ["job-controller", "garbage-collector-controller"]
-        lifecycle: list[str] = []
-        if self.cluster.node_count:
-            controllers += list(NODE_LIFECYCLE_CONTROLLERS)
-            lifecycle = [f"--{flag}={value}" for flag, (value, _) in NODE_LIFECYCLE_FLAGS.items()]
+        controllers, lifecycle = kcm_selection(
+            pods=self.cluster.pods, nodes=bool(self.cluster.node_count)
+        )
         if self.cluster.pods:
-            # A real node: every ordinary controller (kube-controller-manager's default
-            # set), with what the service-account token and root-CA publisher need.
-            controllers = ["*"]
+            # What the service-account token and root-CA publisher need.
             work_root = self.cluster.workdir
-            lifecycle = [
+            lifecycle += [
                 f"--root-ca-file={work_root / 'ca.crt'}",
                 f"--service-account-private-key-file={work_root / 'sa.key'}",
             ]

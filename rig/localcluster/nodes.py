@@ -14,6 +14,12 @@
 - kube-controller-manager (controllers.py) then also runs the node-lifecycle,
   taint-eviction and pod-GC controllers with test timings (docs/testing.md).
 
+Beside a real node (``LocalCluster(pods=True, nodes=N)``, realnode.py) nothing changes
+for either: each kwok manages only the node carrying its label (the real node carries
+none), its pods' IPs come from ``10.244.<i+1>.0/24``, never the real node's Pod subnet,
+and the one scheduler and node lifecycle serve every node, the real kubelet renewing its
+Lease as often as kwok does.
+
 So losing a node is what it is in a cluster: ``lose(name)`` kills that node's kwok (its
 kubelet dies: no heartbeat, no Lease renewal, nothing confirms a pod's termination); the
 real node-lifecycle controller marks it unreachable and taints it. ``restore(name)``
@@ -241,7 +247,10 @@ def _bind_kwok(api: k8s.ApiClient, kwok_root: Path) -> None:
     rbac.create_cluster_role_binding(binding)
 
 
-def _node_body(name: str, index: int) -> dict[str, Any]:
+def node_body(name: str, index: int) -> dict[str, Any]:
+    """The Node object of kwok node ``name``, the ``index``-th: labelled for its own kwok
+    only, its pod CIDR apart from every other node's and from a real node's."""
+    cidr = f"10.244.{index + 1}.0/24"
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -250,8 +259,10 @@ def _node_body(name: str, index: int) -> dict[str, Any]:
             "labels": {NODE_LABEL: name, "kubernetes.io/hostname": name, "type": "kwok"},
             "annotations": {"kwok.x-k8s.io/node": "fake"},
         },
-        # Each kwok hands out pod IPs from its node's podCIDR (else all from 10.0.0.0/24).
-        "spec": {"podCIDR": f"10.244.{index}.0/24", "podCIDRs": [f"10.244.{index}.0/24"]},
+        # Each kwok hands out pod IPs from its node's podCIDR (else all from 10.0.0.0/24);
+        # 10.244.0.0/24 is a real node's (realnode.POD_SUBNET, kube-proxy's clusterCIDR),
+        # so no kwok pod ever takes the address of a real Pod beside it.
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
     }
 
 
@@ -288,7 +299,7 @@ def start_nodes(cluster: LocalCluster, count: int) -> Nodes:
         _bind_kwok(api, kwok_root)
         core = k8s.CoreV1Api(api)
         for index, name in enumerate(names):
-            node: Any = _node_body(name, index)
+            node: Any = node_body(name, index)
             core.create_node(node)
     nodes = Nodes(cluster, names, binaries["kwok"], kwok_config, stages)
     for name in names:

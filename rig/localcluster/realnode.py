@@ -21,7 +21,8 @@
   ``/kubepods`` cgroup; each container's cgroup is named by its own id), its root and pod
   logs in the run's directory, x509 client authentication against the run's CA (the
   apiserver calls it with the admin certificate, ``--kubelet-preferred-address-types=
-  InternalIP``).
+  InternalIP``). Beside kwok nodes (``LocalCluster(pods=True, nodes=N)``, nodes.py) it
+  renews its Lease every 2.5 s, as they do, for the node lifecycle's short grace.
 - **kube-proxy** v1.36.3, iptables mode, as ``system:kube-proxy``; it carries Pods to the
   ``kubernetes`` Service (the first address of the run's Service range, a /24 of
   10.96.0.0/12 drawn with the link), whose endpoint the apiserver keeps (the lease
@@ -79,6 +80,7 @@ from certs.generate import generate_client
 from rig.localcluster.binaries import cache_dir, controller_binaries
 from rig.localcluster.hostpackages import CNI_BIN_DIR, ensure_host_packages
 from rig.localcluster.images import PAUSE_IMAGE, build_image
+from rig.localcluster.nodes import NODE_LEASE_SECONDS
 
 if TYPE_CHECKING:
     from rig.localcluster.cluster import LocalCluster
@@ -357,6 +359,17 @@ def _client_kubeconfig(cluster: LocalCluster, user: str, groups: list[str], fold
     return cluster.user_kubeconfig(folder / "kubeconfig", user, credentials)
 
 
+def running_tasks(listing: str) -> dict[str, int]:
+    """{container id: pid} of the RUNNING rows of ``ctr tasks ls`` (columns TASK, PID,
+    STATUS; the header and any other status are left out)."""
+    found: dict[str, int] = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[2] == "RUNNING" and fields[1].isdigit():
+            found[fields[0]] = int(fields[1])
+    return found
+
+
 class RealNode:
     """One real node of a LocalCluster; see the module's invariants."""
 
@@ -423,6 +436,14 @@ class RealNode:
         )  # fmt: skip
         names = re.findall(r"unpacking (\S+) ", output)
         return names or [line.split()[0] for line in output.splitlines() if line.strip()]
+
+    def running_tasks(self) -> dict[str, int]:
+        """{container id: pid} of every container whose process runs on the node now (its
+        containerd task is RUNNING): what a Pod's ``containerStatuses[].containerID``
+        names after ``containerd://``."""
+        output = _run(["ctr", f"--address={self.socket}", "-n", CRI_NAMESPACE, "tasks",
+                       "ls"], timeout=30)  # fmt: skip
+        return running_tasks(output)
 
     def images(self) -> list[str]:
         output = _run(["ctr", f"--address={self.socket}", "-n", CRI_NAMESPACE, "images",
@@ -582,6 +603,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "serializeImagePulls": False,
             "localStorageCapacityIsolation": False,
         }
+        if cluster.node_count:
+            # Beside kwok nodes the node lifecycle runs with the rig's short grace
+            # (controllers.NODE_LIFECYCLE_FLAGS): renew the Lease as often as kwok does
+            # (every 2.5 s, not the default 10 s), so a busy machine does not take this
+            # node for lost.
+            config["nodeLeaseDurationSeconds"] = NODE_LEASE_SECONDS
         work.mkdir(parents=True, exist_ok=True)
         (work / "config.yaml").write_text(yaml.safe_dump(config))
         self._spawn(

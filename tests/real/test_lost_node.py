@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 from kubernetes import client as k8s
@@ -36,10 +36,9 @@ from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from rig.localcluster.controllers import CONTROLLERS
-from rig.localcluster.nodes import Nodes, ready_status, unreachable_taint
+from rig.localcluster.nodes import Nodes, ready_status
 from rig.localcluster.realstory import (
     LOCAL_QUEUE,
-    NotWithin,
     Objects,
     eventually,
     make_queues,
@@ -47,7 +46,13 @@ from rig.localcluster.realstory import (
 )
 from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
-from tests.real.story import assert_no_false_positives, live_pod_sets, meta
+from tests.real.story import (
+    Timeline,
+    assert_no_false_positives,
+    assert_one_execution_at_a_time,
+    lose_a_node,
+    meta,
+)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
 
@@ -56,18 +61,6 @@ REFUSED_S = 30.0
 gate's resync passes (200 ms here, tests/real/enforcer.py) beside its watch events, so a
 gate that counted a Terminating pod as gone, or forgot one at a resync, readmits well
 inside it."""
-
-
-@dataclass
-class Timeline:
-    started: float = field(default_factory=time.monotonic)
-    marks: list[tuple[str, float]] = field(default_factory=list)
-
-    def mark(self, what: str) -> None:
-        self.marks.append((what, time.monotonic() - self.started))
-
-    def render(self) -> str:
-        return " -> ".join(f"{what} {at:.1f}s" for what, at in self.marks)
 
 
 @pytest.fixture(scope="module")
@@ -95,33 +88,6 @@ def enforced(
 def _nodes(cluster: LocalCluster) -> Nodes:
     assert cluster.nodes is not None
     return cluster.nodes
-
-
-def _lose_a_node(cluster: LocalCluster, objects: Objects, lost: str, timeline: Timeline) -> None:
-    """Kill ``lost``'s kubelet; wait for what the real node lifecycle then does."""
-    nodes = _nodes(cluster)
-    nodes.lose(lost)
-    timeline.mark("heartbeat stops")
-    eventually(lambda: ready_status(nodes.get(lost)) == "Unknown", "the node is NotReady", 180)
-    timeline.mark("NotReady (Ready=Unknown)")
-    eventually(lambda: unreachable_taint(nodes.get(lost), "NoSchedule"), "the node is tainted", 180)
-    timeline.mark("unreachable:NoSchedule taint")
-    # Taint eviction: the NoExecute taint, then the pods' deletion after their 5 s
-    # toleration. A full-suite run once never got the taint: the controller had passed
-    # through its full-disruption mode, after which kube-controller-manager v1.36.3 never
-    # taints again at an eviction rate of exactly 1 (test_node_lifecycle.py). The rig's
-    # rate is 2 since, so the taint is required again.
-    try:
-        eventually(
-            lambda: unreachable_taint(nodes.get(lost), "NoExecute"), "the NoExecute taint", 120
-        )
-        timeline.mark("unreachable:NoExecute taint")
-        eventually(
-            lambda: objects.all_terminating_on(lost), "the lost node's pods are Terminating", 60
-        )
-        timeline.mark("its pods Terminating (taint eviction)")
-    except NotWithin as exc:
-        pytest.fail(f"no taint eviction: {exc}\n{nodes.lifecycle_evidence(lost)}")
 
 
 @dataclass
@@ -172,11 +138,6 @@ def _start(story: Story, mode: str) -> tuple[Adapter, dict[str, str]]:
     return adapter, running
 
 
-def _assert_one_execution_at_a_time(story: Story, first: set[str], second: set[str]) -> None:
-    for live in live_pod_sets(story.watcher.events()):
-        assert not (live & first and live & second), "pods of two executions at once"
-
-
 @pytest.mark.parametrize("mode", ["kueue", "plain"])
 @pytest.mark.parametrize("proof", ["node-deleted", "node-back"])
 def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
@@ -186,7 +147,7 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
     job = Ref(story.namespace, "job")
     lost = sorted(set(running.values()))[0]
     timeline = Timeline()
-    _lose_a_node(story.cluster, story.objects, lost, timeline)
+    lose_a_node(story.cluster, story.objects, lost, timeline)
 
     adapter.hold(job, meta(1), "node lost")
     timeline.mark("Hold")
@@ -274,5 +235,5 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
             and str(e.obj["metadata"]["uid"]) in lost_uids
         }
         assert set(last_words.values()) == {"Failed"}, last_words
-    _assert_one_execution_at_a_time(story, first, set(second))
+    assert_one_execution_at_a_time(story.watcher.events(), first, set(second))
     assert_no_false_positives(story.cluster, story.enforced)
