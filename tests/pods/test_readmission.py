@@ -23,6 +23,7 @@ gate's Pods. Then:
   node's network: during the wait the Lease holder reports itself leader and the one
   stalled Workload, the other replica a follower; after the readmission, the leader's
   decisions are counted and nothing is stalled.
+- the leader's Pod deleted, the other replica takes the Lease.
 
 The cluster is this module's own (a real node and the real controllers together, about a
 minute more to start than either alone), stopped after it.
@@ -404,10 +405,23 @@ def test_the_gate_deployment_keeps_a_released_job_waiting_until_its_pods_are_gon
         # are in its Pods' stdout).
         assert controller_refusals(enforcer_audit(core)) == []
         assert_no_gate_probe_failures(core)
+
+        # The leader's Pod deleted (SIGTERM through the kubelet): the other replica takes
+        # the Lease, with the shipped RBAC's update on it.
+        (old_leader, _) = leader
+        (follower,) = set(bodies) - {old_leader}
+        deleted_at = time.monotonic()
+        core.delete_namespaced_pod(old_leader, NAMESPACE)
+        wait_for(
+            cluster, f"{follower} takes the Lease from the deleted {old_leader}",
+            lambda: (now := lease_holder(coordination)) is not None and now[0] == follower, 60,
+        )  # fmt: skip
+        takeover_s = time.monotonic() - deleted_at
         report(
             f"readmission: both gate Pods Ready {gates_ready_s:.1f}s after the apply; "
             f"the released job kept waiting {PODS_KEPT_S:.0f}s while its pod remained, "
-            f"readmitted {readmitted_s:.1f}s after the pod's finalizer went"
+            f"readmitted {readmitted_s:.1f}s after the pod's finalizer went; the Lease "
+            f"taken over {takeover_s:.1f}s after the leader's Pod was deleted"
         )
     except BaseException:
         print(diagnostics(cluster))
