@@ -3,7 +3,7 @@
 The schema is the msgspec Structs below and nothing else: each key, its type, its bounds,
 its default and its meaning are stated once, in its field. ``docs/configuration.md``'s
 table and the chart's ``values.schema.json`` are generated from them
-(``python -m holdwarden.configschema``), and a test checks they are up to date.
+(``python -m rig.configschema``), and a test checks they are up to date.
 
 Invariants: a ``Config`` read by ``from_dict``/``from_file`` holds only validated values;
 unknown keys and bad values raise ``ConfigError`` naming the offending key by its dotted
@@ -78,7 +78,10 @@ class ConfigError(ValueError):
 
 class _DurationText(timedelta):
     """Marks a field msgspec hands to ``_decode``: a timedelta the file writes as ``1m30s``
-    (msgspec itself would read ISO 8601, ``PT1M30S``)."""
+    (msgspec itself would read ISO 8601, ``PT1M30S``). ``text`` is how it was written, so
+    that it is written back (and documented) the same way."""
+
+    text: str = ""
 
 
 class _PositiveDurationText(_DurationText):
@@ -103,15 +106,22 @@ def parse_duration(text: str, key: str = "duration") -> timedelta:
             key, f"{text!r} is not a duration; write it like '60s', '1m30s' or '250ms'"
         )
     hours, minutes, seconds, millis = (int(g) if g else 0 for g in match.groups())
-    return _DurationText(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
+    value = _DurationText(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
+    value.text = text
+    return value
 
 
-def _as(kind: type[_DurationText], value: timedelta) -> _DurationText:
-    return kind(days=value.days, seconds=value.seconds, microseconds=value.microseconds)
+def _as(kind: type[_DurationText], value: timedelta, text: str) -> _DurationText:
+    out = kind(days=value.days, seconds=value.seconds, microseconds=value.microseconds)
+    out.text = text
+    return out
 
 
 def format_duration(value: timedelta) -> str:
-    """The shortest duration text ``parse_duration`` reads back as ``value`` (whole ms)."""
+    """Duration text ``parse_duration`` reads back as ``value`` (whole ms): as it was
+    written, if it was read from text, else the shortest."""
+    if isinstance(value, _DurationText) and value.text:
+        return value.text
     millis = round(value.total_seconds() * 1000)
     parts = []
     for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
@@ -681,7 +691,7 @@ def _decode(kind: type, value: Any) -> Any:
             ) from None
         if kind is _PositiveDurationText and not duration:
             raise _Refusal("must be longer than zero")
-        return _as(kind, duration)
+        return _as(kind, duration, value)
     if kind is Path:
         if not isinstance(value, str) or not value:
             raise _Refusal(f"must be a file path, got {value!r}")
