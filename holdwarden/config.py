@@ -73,6 +73,7 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, problem: str) -> None:
         self.key = key
+        self.problem = problem
         super().__init__(f"config key {key!r}: {problem}")
 
 
@@ -637,7 +638,7 @@ class Config(_Section, frozen=True):
         try:
             config = msgspec.convert(_prepare(data, Config), Config, dec_hook=_decode)
         except msgspec.ValidationError as exc:
-            raise _config_error(exc, data) from None
+            raise _config_error(exc) from None
         _check(config)
         return config
 
@@ -685,10 +686,8 @@ def _decode(kind: type, value: Any) -> Any:
     if issubclass(kind, _DurationText):
         try:
             duration = parse_duration(value)
-        except ConfigError:
-            raise _Refusal(
-                f"{value!r} is not a duration; write it like '60s', '1m30s' or '250ms'"
-            ) from None
+        except ConfigError as exc:
+            raise _Refusal(exc.problem) from None
         if kind is _PositiveDurationText and not duration:
             raise _Refusal("must be longer than zero")
         return _as(kind, duration, value)
@@ -762,7 +761,7 @@ _WORDS = {
 }
 
 
-def _config_error(exc: msgspec.ValidationError, data: Any) -> ConfigError:
+def _config_error(exc: msgspec.ValidationError) -> ConfigError:
     """Turn msgspec's message (``Expected `int` >= 1 - at `$.webhook.maxConnections```)
     into a ``ConfigError`` with the dotted key and words that say what to write."""
     match = _AT.match(str(exc))
