@@ -58,7 +58,7 @@ _SELECTOR = {
 def _schema_hook(kind: type) -> dict[str, Any]:
     """The JSON Schema of the types the file writes as text of their own."""
     if issubclass(kind, config.Duration):  # PositiveDuration too
-        return {"type": "string", "pattern": config.DURATION_PATTERN}
+        return {"type": "string", "minLength": 1, "pattern": config.DURATION_PATTERN}
     if kind is Path:
         return {"type": "string", "minLength": 1}
     raise NotImplementedError(kind)
@@ -137,12 +137,21 @@ def docs_text(current: str, schema: dict[str, Any]) -> str:
     return head + table(schema) + tail
 
 
+# The chart's own values that it writes into the configuration file under the same
+# section and key (templates/_helpers.tpl, "holdwarden.config").
+CHART_VALUES_IN_CONFIG = (("readmission", "controllerName"), ("readmission", "interval"))
+
+
 def values_schema_text(current: str, schema: dict[str, Any]) -> str:
-    """values.schema.json with ``properties.config`` replaced; the rest kept as it is."""
+    """values.schema.json with ``properties.config`` and the values the chart writes into
+    the configuration replaced; the rest kept as it is."""
     values = json.loads(current)
     described = {"description": "holdwarden's configuration file (docs/configuration.md)"}
     values["properties"]["config"] = {**described, **schema}
     values["properties"]["config"].pop("title", None)
+    for section, key in CHART_VALUES_IN_CONFIG:
+        chart_section = values["properties"][section]["properties"]
+        chart_section[key] = schema["properties"][section]["properties"][key]
     return json.dumps(values, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -165,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale files")
     args = parser.parse_args(argv)
     if args.check:
-        for path in stale():
+        paths = stale()
+        for path in paths:
             print(f"{path.relative_to(ROOT)} is stale; run `{COMMAND}`", file=sys.stderr)
-        return 1 if stale() else 0
+        return 1 if paths else 0
     for path, text in generated().items():
         path.write_text(text, encoding="utf-8")
     return 0
