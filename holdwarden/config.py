@@ -565,19 +565,6 @@ class ReadmissionConfig(_Section, frozen=True):
     ] = _default("5m")
     multi_kueue: MultiKueueConfig = field(default_factory=MultiKueueConfig)
 
-    # The flat names the gate's code reads (readmission/controller.py).
-    @property
-    def multikueue_kueue_namespace(self) -> str:
-        return self.multi_kueue.kueue_namespace
-
-    @property
-    def multikueue_worker_timeout(self) -> timedelta:
-        return self.multi_kueue.worker_timeout
-
-    @property
-    def multikueue_worker_recheck(self) -> timedelta:
-        return self.multi_kueue.worker_recheck
-
 
 class Config(_Section, frozen=True):
     """holdwarden's whole configuration. The adapter and the enforcer read the same one."""

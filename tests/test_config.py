@@ -216,7 +216,7 @@ def test_the_file_and_the_attributes_name_the_same_keys() -> None:
     assert config.kueue_manage_jobs_without_queue_name is True
     assert config.webhook.client_ca_file == Path("/ca.pem")
     assert config.webhook.audit_events.queue_size == 7
-    assert config.readmission.multikueue_kueue_namespace == "kq"
+    assert config.readmission.multi_kueue.kueue_namespace == "kq"
     assert config.readmission.multi_kueue.worker_recheck == timedelta(seconds=9)
 
 
