@@ -82,6 +82,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile
+	# docs/configuration.md's key table and the chart's values.schema.json are generated
+	# from holdwarden/config.py (tests/test_configschema.py checks the same).
+	$(PY) -m rig.configschema --check
 
 # The image's dependencies, pinned with hashes (the Dockerfile installs them with
 # --require-hashes). Run after changing [project].dependencies; a test checks they agree.

@@ -317,7 +317,7 @@ class Preflight:
     ) -> Operation[tuple[traps.KueueSettings | None, str | None]]:
         """Kueue's configuration file, from its ConfigMap (``kueue-manager-config`` in
         ``readmission.multiKueue.kueueNamespace``), or why it could not be read."""
-        kueue_ns = self.config.readmission.multikueue_kueue_namespace
+        kueue_ns = self.config.readmission.multi_kueue.kueue_namespace
         where = f"ConfigMap {kueue_ns}/{KUEUE_CONFIG_MAP}"
         req = Request("get", "configmaps", kueue_ns, KUEUE_CONFIG_MAP)
         path = f"/api/v1/namespaces/{kueue_ns}/configmaps/{KUEUE_CONFIG_MAP}"

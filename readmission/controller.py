@@ -158,7 +158,7 @@ class ReadmissionGate:
         self.stalls = StallTracker(clock)
         """Workloads free to run that the gate keeps waiting (the "waiting too long" alert)."""
         self._worker_recheck = min(
-            gate.interval.total_seconds(), gate.multikueue_worker_recheck.total_seconds()
+            gate.interval.total_seconds(), gate.multi_kueue.worker_recheck.total_seconds()
         )
         self.passes = 0
         """Resyncs run (each enqueues every gated Workload)."""
@@ -171,9 +171,9 @@ class ReadmissionGate:
         self.workers = WorkerClusters(
             self._custom,
             self._core,
-            kueue_namespace=gate.multikueue_kueue_namespace,
-            timeout=gate.multikueue_worker_timeout.total_seconds(),
-            recheck=gate.multikueue_worker_recheck.total_seconds(),
+            kueue_namespace=gate.multi_kueue.kueue_namespace,
+            timeout=gate.multi_kueue.worker_timeout.total_seconds(),
+            recheck=gate.multi_kueue.worker_recheck.total_seconds(),
         )
         """MultiKueue's worker clusters, counted for jobs MultiKueue dispatches."""
 

@@ -21,6 +21,7 @@ from adapter import AsyncAdapter, Config, Ref, State
 from adapter.errors import AdapterError, Conflict, Rejected, StaleHold, Unreachable
 from adapter.kube import FIELD_MANAGER
 from adapter.steps import Request, Send
+from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from rig.localcluster import LocalCluster
 from tests.test_adapter_kube import HOLDER, Cluster, hold_annotations, meta
@@ -38,7 +39,7 @@ def config(cluster: LocalCluster, mode: str = "plain") -> Config:
     return Config(
         mode=mode,  # type: ignore[arg-type]
         holder=HOLDER,
-        apiserver_request_timeout=cluster.request_timeout,
+        timeouts=TimeoutsConfig(apiserver_request=cluster.request_timeout),
     )
 
 
@@ -69,7 +70,9 @@ async def test_a_timeout_after_sending_says_it_may_still_land(
     silent = _Silent()
     try:
         with _client_for(supervisor_client, f"http://127.0.0.1:{silent.port}") as api:
-            quick = Config(mode="plain", apiserver_request_timeout=timedelta(seconds=0.5))
+            quick = Config(
+                mode="plain", timeouts=TimeoutsConfig(apiserver_request=timedelta(seconds=0.5))
+            )
             async with AsyncAdapter(quick, api) as adapter:
                 with pytest.raises(Rejected) as raised:
                     await adapter.observe(Ref("ns", "job"))

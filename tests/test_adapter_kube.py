@@ -34,6 +34,7 @@ from adapter.errors import (
 )
 from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
 from adapter.steps import Send
+from holdwarden.config import TimeoutsConfig
 from holdwarden.objects import kueue_workload_names
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from rig.builders import kueue_workload_body, trainjob_body, workload_body
@@ -84,7 +85,7 @@ def make(
     config = Config(
         mode=mode,  # type: ignore[arg-type]
         holder=HOLDER,
-        apiserver_request_timeout=cluster.request_timeout,
+        timeouts=TimeoutsConfig(apiserver_request=cluster.request_timeout),
     )
     return make_with(config, api, **kwargs)
 
@@ -1020,7 +1021,9 @@ def test_without_the_watch_right_retries_read_with_gets(
     try:
         wait_allowed(api, "get", f"{TRAINJOB.plural}.{TRAINJOB.group}", kc.ns)
         config = Config(
-            mode="plain", holder=HOLDER, apiserver_request_timeout=cluster.request_timeout
+            mode="plain",
+            holder=HOLDER,
+            timeouts=TimeoutsConfig(apiserver_request=cluster.request_timeout),
         )
         adapter = make_with(
             config,
@@ -1123,7 +1126,11 @@ def test_deadline_bounds_each_request_timeout(
     timeouts = [r.timeout for r in adapter.request_log]
     assert timeouts and all(t is not None and 0 < t <= 5 for t in timeouts)
     short = make_with(
-        Config(mode="kueue", holder=HOLDER, apiserver_request_timeout=timedelta(seconds=2)),
+        Config(
+            mode="kueue",
+            holder=HOLDER,
+            timeouts=TimeoutsConfig(apiserver_request=timedelta(seconds=2)),
+        ),
         supervisor_client,
     )
     short.hold(ref, meta(2, seconds=50), "r")

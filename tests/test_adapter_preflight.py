@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref, State
+from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
     CLUSTERQUEUE,
@@ -41,7 +42,7 @@ def make(cluster: LocalCluster, api: k8s.ApiClient, mode: str) -> Adapter:
     config = Config(
         mode=mode,  # type: ignore[arg-type]
         holder="dispatch-test",
-        apiserver_request_timeout=cluster.request_timeout,
+        timeouts=TimeoutsConfig(apiserver_request=cluster.request_timeout),
     )
     return Adapter(config, api)
 

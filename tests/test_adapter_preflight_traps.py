@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta, Config, Ref
 from adapter.errors import Unsupported
+from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
     JOBSET_NAME_LABEL,
@@ -47,7 +48,9 @@ V221_CRD = Path(__file__).resolve().parent / "crds" / "trainer-v2.2.1"
 def make(cluster: LocalCluster, api: k8s.ApiClient) -> Adapter:
     return Adapter(
         Config(
-            mode="kueue", holder="dispatch-test", apiserver_request_timeout=cluster.request_timeout
+            mode="kueue",
+            holder="dispatch-test",
+            timeouts=TimeoutsConfig(apiserver_request=cluster.request_timeout),
         ),
         api,
     )

@@ -21,6 +21,7 @@ from adapter import Adapter, Config, Ref, State
 from adapter.errors import AdapterError, Invalid, NotFound, Rejected, Unreachable, Unsupported
 from adapter.kube import FIELD_MANAGER, Request
 from holdwarden.cli import main
+from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB
 from rig.localcluster import LocalCluster
 from tests.rbac_helpers import wait_allowed
@@ -166,7 +167,9 @@ def test_a_timeout_after_sending_says_it_may_still_land_and_names_call_bound(
     silent = _Silent()
     try:
         with _client_for(supervisor_client, f"http://127.0.0.1:{silent.port}") as api:
-            config = Config(mode="plain", apiserver_request_timeout=timedelta(seconds=0.5))
+            config = Config(
+                mode="plain", timeouts=TimeoutsConfig(apiserver_request=timedelta(seconds=0.5))
+            )
             with Adapter(config, api) as adapter, pytest.raises(Rejected) as raised:
                 adapter.observe(Ref("ns", "job"))
         assert silent.received.is_set()  # it WAS sent

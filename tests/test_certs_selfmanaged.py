@@ -19,11 +19,12 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from kubernetes import client as k8s
@@ -87,7 +88,7 @@ def settings(namespace: str, token: str, **changes: Any) -> CertificatesConfig:
         interval=timedelta(milliseconds=500),
         propagation_delay=timedelta(seconds=2),
     )
-    return replace(base, **changes)
+    return msgspec.structs.replace(base, **changes)
 
 
 def config_for(certs: CertificatesConfig, port: int, work: Path) -> Config:

@@ -7,11 +7,11 @@ import asyncio
 import base64
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from kubernetes import client as k8s
 
@@ -113,7 +113,7 @@ def test_when_the_leader_stops_the_other_replica_takes_over_the_renewals(
     namespace, token = setup
     ports = [free_port(), free_port()]
     # Serving certificates of 30 s renewed from 10 s on: the writer is needed all along.
-    certs = replace(
+    certs = msgspec.structs.replace(
         settings(namespace, token),
         validity=timedelta(seconds=30),
         renew_before=timedelta(seconds=20),

@@ -182,6 +182,12 @@ BAD_VALUES = [
     ("monitoring.enabled=yes", "/monitoring/enabled"),
     ("certificates.issuer=x", "issuer"),
     ("replicas=3", "replicas"),
+    # The configuration's part is generated from holdwarden/config.py (rig/configschema.py).
+    ("config.mode=kube", "/config/mode"),
+    ("config.webhook.maxBodyBytes=10", "/config/webhook/maxBodyBytes"),
+    ("config.webhook.shutdownDelay=soon", "/config/webhook/shutdownDelay"),
+    ("config.kueue.identitys=x", "identitys"),
+    ("readmission.interval=1d", "/readmission/interval"),
 ]
 
 

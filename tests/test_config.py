@@ -6,11 +6,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from holdwarden.config import Config, ConfigError, parse_duration
+from holdwarden.config import Config, ConfigError, encode, parse_duration
 from holdwarden.vocabulary import DEFAULT_KUEUE_IDENTITIES, DEFAULT_WORKLOAD_DELETERS
 
 
@@ -137,3 +138,184 @@ def test_duration_round_trip(hours: int, minutes: int, seconds: int, millis: int
     )
     expected = timedelta(hours=hours, minutes=minutes, seconds=seconds, milliseconds=millis)
     assert parse_duration(text) == expected
+
+
+# -- the Structs: table tests, and properties over valid and invalid files ------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "words"),
+    [
+        ({"mode": "kube"}, "mode", "use 'kueue' or 'plain'"),
+        ({"modes": "plain"}, "modes", "the keys here are mode, annotationPrefix"),
+        ({"webhook": {"certificates": {"rotate": True}}}, "webhook.certificates.rotate", "mode"),
+        ({"annotationPrefix": "Not_A_Domain"}, "annotationPrefix", "DNS subdomain"),
+        ({"webhook": {"listenAddress": "9443"}}, "webhook.listenAddress", "host:port"),
+        ({"webhook": {"maxBodyBytes": 10}}, "webhook.maxBodyBytes", "at least 1024"),
+        ({"webhook": {"maxBodyBytes": "big"}}, "webhook.maxBodyBytes", "an integer"),
+        ({"webhook": {"auditMaxFiles": 1001}}, "webhook.auditMaxFiles", "at most 1000"),
+        ({"webhook": {"certDir": 3}}, "webhook.certDir", "file path"),
+        ({"webhook": {"idleTimeout": "0s"}}, "webhook.idleTimeout", "longer than zero"),
+        ({"webhook": {"shutdownDelay": "soon"}}, "webhook.shutdownDelay", "'60s'"),
+        (
+            {"webhook": {"maxBodyBytes": 8192, "maxInFlightBodyBytes": 4096}},
+            "webhook.maxInFlightBodyBytes",
+            "at least webhook.maxBodyBytes",
+        ),
+        ({"kueue": {"identities": ["a", ""]}}, "kueue.identities", "item 1"),
+        ({"kueue": "yes"}, "kueue", "a mapping"),
+        (
+            {"readmission": {"multiKueue": {"kueueNamespace": "Kueue"}}},
+            "readmission.multiKueue.kueueNamespace",
+            "DNS label",
+        ),
+        (
+            {"readmission": {"multiKueue": {"workerTimeout": "0s"}}},
+            "readmission.multiKueue.workerTimeout",
+            "longer than zero",
+        ),
+        ({"readmission": {"multiKueue": {"x": 1}}}, "readmission.multiKueue.x", "unknown key"),
+        ({"readmission": {"metricsAddress": "x"}}, "readmission.metricsAddress", "host:port"),
+        (
+            {"kueue": {"managedJobsNamespaceSelector": {"matchLabel": {}}}},
+            "kueue.managedJobsNamespaceSelector.matchLabel",
+            "unknown key",
+        ),
+    ],
+)
+def test_bad_values_name_their_key_and_say_what_to_write(data: Any, key: str, words: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Config.from_dict(data)
+    assert raised.value.key == key
+    assert words in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"webhook": None, "kueue": None, "readmission": {"multiKueue": None}},
+        {"webhook": {"clientCAFile": ""}, "kueue": {"managedJobsNamespaceSelector": None}},
+    ],
+)
+def test_empty_sections_and_optional_keys_mean_their_defaults(data: Any) -> None:
+    assert Config.from_dict(data) == Config()
+
+
+def test_the_file_and_the_attributes_name_the_same_keys() -> None:
+    config = Config.from_dict(
+        {
+            "timeouts": {"apiserverRequest": "2m"},
+            "kueue": {"manageJobsWithoutQueueName": True},
+            "webhook": {"clientCAFile": "/ca.pem", "auditEvents": {"queueSize": 7}},
+            "readmission": {"multiKueue": {"kueueNamespace": "kq", "workerRecheck": "9s"}},
+        }
+    )
+    assert config.timeouts.apiserver_request == config.apiserver_request_timeout
+    assert config.apiserver_request_timeout == timedelta(minutes=2)
+    assert config.kueue.manage_jobs_without_queue_name is True
+    assert config.kueue_manage_jobs_without_queue_name is True
+    assert config.webhook.client_ca_file == Path("/ca.pem")
+    assert config.webhook.audit_events.queue_size == 7
+    assert config.readmission.multi_kueue.kueue_namespace == "kq"
+    assert config.readmission.multi_kueue.worker_recheck == timedelta(seconds=9)
+
+
+positive_durations = (
+    st.tuples(st.integers(0, 99), st.integers(0, 59), st.integers(0, 59), st.integers(0, 999))
+    .filter(any)
+    .map(
+        lambda parts: "".join(
+            f"{value}{unit}"
+            for value, unit in zip(parts, ("h", "m", "s", "ms"), strict=True)
+            if value
+        )
+    )
+)
+names = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?", fullmatch=True)
+identities = st.lists(st.text(min_size=1, max_size=20), max_size=3)
+
+
+def _sections(**parts: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Mappings holding any subset of the given keys."""
+    return st.fixed_dictionaries({}, optional=parts)
+
+
+valid_files = _sections(
+    mode=st.sampled_from(["kueue", "plain"]),
+    annotationPrefix=names,
+    holder=names,
+    timeouts=_sections(apiserverRequest=positive_durations),
+    kueue=_sections(
+        identities=identities,
+        manageJobsWithoutQueueName=st.booleans(),
+        managedJobsNamespaceSelector=st.builds(
+            lambda labels: {"matchLabels": labels}, st.dictionaries(names, names, max_size=2)
+        ),
+    ),
+    webhook=_sections(
+        listenAddress=st.integers(0, 65535).map(lambda port: f"127.0.0.1:{port}"),
+        maxBodyBytes=st.integers(1024, 2**20),
+        idleTimeout=positive_durations,
+        shutdownDelay=positive_durations | st.just("0s"),
+        holderIdentities=identities,
+        auditSinks=st.permutations(["file", "stdout", "events"]).flatmap(
+            lambda sinks: st.integers(1, 3).map(lambda n: sinks[:n])
+        ),
+        auditEvents=_sections(
+            qps=st.floats(0.001, 1e6), burst=st.integers(1, 1000), window=positive_durations
+        ),
+        certificates=_sections(
+            mode=st.sampled_from(["files", "self-managed"]),
+            dnsNames=st.lists(names.map(lambda name: f"{name}.example"), max_size=2),
+            ipAddresses=st.lists(st.ip_addresses().map(str), max_size=2),
+            probeNamespace=names,
+        ),
+    ),
+    readmission=_sections(
+        enabled=st.booleans(),
+        interval=positive_durations,
+        leaseNamespace=names | st.just(""),
+        multiKueue=_sections(kueueNamespace=names, workerTimeout=positive_durations),
+    ),
+)
+
+
+@given(valid_files)
+def test_a_valid_file_reads_back_from_its_encoding(data: dict[str, Any]) -> None:
+    """decode(encode(decode(x))) == decode(x), and the encoding is the file's own form:
+    durations as they were written, keys in camelCase, only JSON types."""
+    config = Config.from_dict(data)
+    encoded = encode(config)
+    assert Config.from_dict(encoded) == config
+    assert Config.from_dict(msgspec.json.decode(msgspec.json.encode(encoded))) == config
+    for section, keys in data.items():
+        if isinstance(keys, dict):
+            for key, value in keys.items():
+                if isinstance(value, str | bool | int):
+                    assert encoded[section][key] == value, (section, key)
+
+
+SECTIONS = ["", "timeouts.", "kueue.", "webhook.", "webhook.auditEvents.",
+            "webhook.certificates.", "readmission.", "readmission.multiKueue."]  # fmt: skip
+
+
+@given(st.sampled_from(SECTIONS), st.from_regex(r"[a-zA-Z][a-zA-Z0-9]{0,15}", fullmatch=True))
+def test_any_unknown_key_is_refused_by_its_dotted_path(section: str, name: str) -> None:
+    known = {f.encode_name for f in msgspec.structs.fields(_section_type(section))}
+    if name in known:
+        return
+    data: dict[str, Any] = {name: 1}
+    for part in reversed(section.rstrip(".").split(".") if section else []):
+        data = {part: data}
+    with pytest.raises(ConfigError) as raised:
+        Config.from_dict(data)
+    assert raised.value.key == section + name
+    assert "unknown key" in str(raised.value)
+
+
+def _section_type(section: str) -> type[msgspec.Struct]:
+    kind: type[msgspec.Struct] = Config
+    for part in section.rstrip(".").split(".") if section else []:
+        field = next(f for f in msgspec.structs.fields(kind) if f.encode_name == part)
+        kind = field.type
+    return kind

@@ -8,15 +8,15 @@ tests/test_readmission_kube.py::test_holdwarden_gate_runs_the_gate_in_its_own_pr
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import aiohttp
+import msgspec
 import pytest
 from kubernetes import client as k8s
 
 from holdwarden.cli import main
 from holdwarden.cli.gateserver import GateServer
-from holdwarden.config import Config
+from holdwarden.config import Config, TimeoutsConfig
 
 
 def _unreachable_api() -> k8s.ApiClient:
@@ -27,10 +27,10 @@ def _unreachable_api() -> k8s.ApiClient:
 
 async def test_health_metrics_and_readiness_before_the_caches_fill() -> None:
     base = Config()
-    config = dataclasses.replace(
+    config = msgspec.structs.replace(
         base,
-        apiserver_request_timeout=base.apiserver_request_timeout / 60,
-        readmission=dataclasses.replace(
+        timeouts=TimeoutsConfig(apiserver_request=base.apiserver_request_timeout / 60),
+        readmission=msgspec.structs.replace(
             base.readmission, leader_election=False, metrics_address="127.0.0.1:0"
         ),
     )

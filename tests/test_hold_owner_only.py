@@ -20,7 +20,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from adapter import Adapter, CallMeta, Config, Ref
-from holdwarden.config import WebhookConfig
+from holdwarden.config import TimeoutsConfig, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations, RuleId
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
@@ -72,7 +72,7 @@ def adapter_for(cluster: LocalCluster, api: k8s.ApiClient, holders: tuple[str, .
     config = Config(
         mode="kueue",
         holder="dispatch",
-        apiserver_request_timeout=cluster.request_timeout,
+        timeouts=TimeoutsConfig(apiserver_request=cluster.request_timeout),
         webhook=WebhookConfig(holder_identities=holders),
     )
     return Adapter(config, api)

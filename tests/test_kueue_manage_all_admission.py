@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
-from holdwarden.config import Config, WebhookConfig
+from holdwarden.config import Config, KueueConfig, WebhookConfig
 from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, RuleId
 from rig.builders import trainjob_body
@@ -149,8 +149,10 @@ def _webhook(cluster: LocalCluster, token: str, work: Path) -> Iterator[Path]:
     (work / "tls.crt").write_bytes(leaf.cert_pem)
     (work / "tls.key").write_bytes(leaf.key_pem)
     config = Config(
-        kueue_manage_jobs_without_queue_name=True,
-        kueue_managed_jobs_namespace_selector=SELECTOR,
+        kueue=KueueConfig(
+            manage_jobs_without_queue_name=True,
+            managed_jobs_namespace_selector=SELECTOR,
+        ),
         webhook=WebhookConfig(
             listen_address="127.0.0.1:0",
             metrics_address="127.0.0.1:0",

@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
-from holdwarden.config import Config, WebhookConfig
+from holdwarden.config import Config, KueueConfig, WebhookConfig
 from holdwarden.vocabulary import DEFAULT_WORKLOAD_DELETERS, TRAINJOB, WORKLOAD, RuleId
 from rig.builders import trainjob_body
 from rig.localcluster import EDITOR_USER, KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
@@ -92,7 +92,7 @@ def start_enforcer(
     server, stop = _serve_in_thread(
         Config(
             annotation_prefix=base.annotation_prefix,
-            kueue_identities=base.kueue_identities,
+            kueue=KueueConfig(identities=base.kueue_identities),
             webhook=hook,
         ),
         ReloadingTLS(work / "tls.crt", work / "tls.key"),

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from holdwarden.config import Config
+from holdwarden.config import Config, KueueConfig
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, Annotations, RuleId
 from webhook.rules import (
     RULE_ORDER,
@@ -231,7 +231,7 @@ def test_kueue_identity_by_group_and_by_config() -> None:
         obj(suspend=True, queue=True), obj(suspend=False, queue=True), user="bob", groups=("kq",)
     )
     assert kueue_owns_suspend(change, CONFIG) is not None
-    custom = RulesConfig.from_config(Config(kueue_identities=("kq",)))
+    custom = RulesConfig.from_config(Config(kueue=KueueConfig(identities=("kq",))))
     assert kueue_owns_suspend(change, custom) is None
     # The default identity is no longer Kueue once the config names another.
     as_default = trainjob(obj(suspend=True, queue=True), obj(suspend=False, queue=True), user=KUEUE)

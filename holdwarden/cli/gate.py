@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import sys
 from typing import Any
+
+import msgspec
 
 from holdwarden.cli.logs import add_log_level_argument, configure_logging
 from holdwarden.cli.serve import check_address
@@ -52,9 +53,9 @@ def gate_command(args: argparse.Namespace) -> int:
         config = Config.from_file(args.config) if args.config else Config()
         if args.metrics:
             address = check_address(args.metrics, "--metrics")
-            config = dataclasses.replace(
+            config = msgspec.structs.replace(
                 config,
-                readmission=dataclasses.replace(config.readmission, metrics_address=address),
+                readmission=msgspec.structs.replace(config.readmission, metrics_address=address),
             )
     except ConfigError as exc:
         print(f"holdwarden gate: {exc}", file=sys.stderr)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from holdwarden.cli.logs import add_log_level_argument, configure_logging
 from holdwarden.config import AUDIT_SINKS, CERT_MODES, Config, ConfigError, check_audit_sinks
@@ -96,7 +97,9 @@ def serve_command(args: argparse.Namespace) -> int:
         if args.cert_dir:
             changes["cert_dir"] = Path(args.cert_dir)
         if args.certificates:
-            changes["certificates"] = dataclasses.replace(hook.certificates, mode=args.certificates)
+            changes["certificates"] = msgspec.structs.replace(
+                hook.certificates, mode=args.certificates
+            )
         if args.audit_log:
             changes["audit_log"] = Path(args.audit_log)
         if args.audit_sink:
@@ -104,7 +107,7 @@ def serve_command(args: argparse.Namespace) -> int:
             changes["audit_sinks"] = check_audit_sinks(
                 list(dict.fromkeys(args.audit_sink)), "--audit-sink"
             )
-        config = dataclasses.replace(config, webhook=dataclasses.replace(hook, **changes))
+        config = msgspec.structs.replace(config, webhook=msgspec.structs.replace(hook, **changes))
     except ConfigError as exc:
         print(f"holdwarden serve: {exc}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from kubernetes import client as k8s
 from certs.generate import generate_ca, generate_serving
 from certs.reload import ReloadingTLS
 from holdwarden.cli.enforcer import EnforcerServer
-from holdwarden.config import Config, ReadmissionConfig, WebhookConfig
+from holdwarden.config import Config, KueueConfig, ReadmissionConfig, WebhookConfig
 from holdwarden.labelselector import LabelSelector
 from readmission.controller import ReadmissionGate
 from rig.localcluster import GATE_IDENTITY, LocalCluster
@@ -102,8 +102,10 @@ def enforcement(
     token = uuid.uuid4().hex[:12]
     check_name = f"readmission-{token}"
     config = Config(
-        kueue_manage_jobs_without_queue_name=queueless is not None,
-        kueue_managed_jobs_namespace_selector=queueless or LabelSelector(),
+        kueue=KueueConfig(
+            manage_jobs_without_queue_name=queueless is not None,
+            managed_jobs_namespace_selector=queueless or LabelSelector(),
+        ),
         webhook=WebhookConfig(
             listen_address="127.0.0.1:0",
             metrics_address="127.0.0.1:0",

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from adapter import Adapter, CallMeta, Ref
 from adapter.errors import Invalid
 from adapter.types import State
-from holdwarden.config import Config
+from holdwarden.config import Config, KueueConfig
 from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, RuleId
 from rig.builders import trainjob_body
@@ -167,8 +167,10 @@ def test_the_adapter_starts_holds_and_releases_a_queueless_trainjob(
     namespace = _namespace(cluster, enforced, "adapt", selected=True)
     config = Config(
         mode="kueue",
-        kueue_manage_jobs_without_queue_name=True,
-        kueue_managed_jobs_namespace_selector=SELECTOR,
+        kueue=KueueConfig(
+            manage_jobs_without_queue_name=True,
+            managed_jobs_namespace_selector=SELECTOR,
+        ),
     )
     with cluster.api_client() as admin, cluster.api_client(SUPERVISOR_IDENTITY) as supervisor:
         objects = Objects(admin, namespace)
@@ -209,8 +211,10 @@ def test_the_adapter_starts_holds_and_releases_a_queueless_trainjob(
     # Plain mode refuses such a namespace at Start: Kueue would own spec.suspend there.
     plain = Config(
         mode="plain",
-        kueue_manage_jobs_without_queue_name=True,
-        kueue_managed_jobs_namespace_selector=SELECTOR,
+        kueue=KueueConfig(
+            manage_jobs_without_queue_name=True,
+            managed_jobs_namespace_selector=SELECTOR,
+        ),
     )
     with (
         cluster.api_client(SUPERVISOR_IDENTITY) as supervisor,
