@@ -278,8 +278,8 @@ class CertificatesConfig(_Section, frozen=True):
         _doc(
             "where the leader's verification probe goes before it sets the webhook's "
             "failurePolicy (the one the configuration's annotation "
-            "`holdwarden.io/failure-policy` asks for; docs/how-to/certificates.md): a namespace the "
-            "webhook judges (not `kube-system`, not the enforcer's); the Role "
+            "`holdwarden.io/failure-policy` asks for; docs/how-to/certificates.md): a namespace "
+            "the webhook judges (not `kube-system`, not the enforcer's); the Role "
             "`holdwarden-enforcer-probe` must be there too. `holdwarden certs enforce "
             "--config` reads it as well"
         ),
