@@ -102,23 +102,27 @@ image: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The suite in two lanes at once, one per core: the real controllers' and the real node's
-# tests (tests/real, tests/pods), which mostly wait (node lifecycle, grace periods, Kueue's
-# requeues, containers starting), beside everything else, which mostly computes. Each
-# lane's output is printed whole when it ends, with its 20 slowest tests (where the time
-# goes: docs/performance/cold-make-test.md); a failure in one lets the other finish, then
-# `make test` fails. Two runs at once on one machine are safe: every port is reserved
-# machine-wide and every folder, namespace and process is the run's own (docs/testing.md).
+# The suite in two lanes at once, one per core, then the real node's tests alone. The lanes:
+# Python 3.12/3.13 and the real controllers' tests (tests/real), which mostly wait (node
+# lifecycle, grace periods, Kueue's requeues), beside everything else, which mostly
+# computes, and the API floor. tests/pods runs after both, alone: a real node's kubelet,
+# containerd and Pods beside a second lane and a busy machine missed the apiserver's 5 s
+# webhook timeout during a rollout and failed their Pods' probes (a loaded run, 2026-12-06,
+# docs/performance/cold-make-test.md). Each lane's output is printed whole when it ends,
+# with its 20 slowest tests; a failure in one lets the other finish, then `make test` fails.
+# Two runs at once on one machine are safe: every port is reserved machine-wide and every
+# folder, namespace and process is the run's own (docs/testing.md).
 test: test-setup lint typecheck
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-controllers test-lane-others
+	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/pods tests/pods
 
-test-lane-controllers: $(STAMP)
-	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/controllers tests/real tests/pods
+test-lane-controllers: test-pythons
+	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/controllers tests/real
 
-# test-pythons first (beside the other lane's start), then the rest of the suite, then the
-# API floor (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy twin's
-# parity, preflight's dry-run probe and the one-step install, the same tests.
-test-lane-others: test-pythons
+# The rest of the suite, then the API floor (kube-apiserver v1.30.14, CRDs only): the
+# enforcer end to end, the policy twin's parity, preflight's dry-run probe and the one-step
+# install, the same tests.
+test-lane-others: $(STAMP)
 	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/others \
 		--ignore=tests/real --ignore=tests/pods
 	$(PY) -m rig.localcluster.matrix --cell floor

@@ -363,3 +363,32 @@ def test_the_apiserver_accepts_every_object_strictly(
             continue
         assert status == 201, f"{name} {doc['kind']}: {status} {data[:1000]!r}"
         assert warnings == [], f"{name} {doc['kind']}: {warnings}"
+
+
+def _liveness_probes(node: Any, where: str) -> list[tuple[str, Any]]:
+    """Every ``livenessProbe`` under ``node``, with the container that has it."""
+    found: list[tuple[str, Any]] = []
+    if isinstance(node, dict):
+        if "livenessProbe" in node:
+            found.append((f"{where}:{node.get('name', '?')}", node["livenessProbe"]))
+        for value in node.values():
+            found += _liveness_probes(value, where)
+    elif isinstance(node, list):
+        for item in node:
+            found += _liveness_probes(item, where)
+    return found
+
+
+def test_every_liveness_probe_waits_5_s_for_an_answer() -> None:
+    """Liveness restarts a Pod: it must catch a hung process, not a busy node. With the
+    default 1 s timeout the gate's Pods were restarted on a CPU-starved node (a loaded
+    run of tests/pods); every shipped liveness probe waits 5 s."""
+    probes = [
+        probe
+        for path in sorted(MANIFESTS.rglob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        for probe in _liveness_probes(doc, str(path.relative_to(ROOT)))
+    ]
+    assert len(probes) >= 4, probes  # enforcer, gate, sidecar, durable-audit
+    slow = [(where, p) for where, p in probes if p.get("timeoutSeconds", 1) < 5]
+    assert not slow, slow
