@@ -60,6 +60,7 @@ from tests.actors import Watcher
 from tests.pods.conftest import report
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import (
+    KEPT_WAITING_S,
     Timeline,
     assert_no_false_positives,
     assert_one_execution_at_a_time,
@@ -70,8 +71,6 @@ from tests.real.story import (
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
 
 JOB = "job"
-KEPT_WAITING_S = 30.0
-"""How long a Release must not run the job while the lost node's pod exists."""
 PATCH_MANAGER = "holdwarden.io/lost-node-test"
 """The TrainJob's own runtimePatches entry (Kueue keeps a separate one, by manager)."""
 

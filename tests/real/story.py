@@ -18,6 +18,12 @@ from rig.localcluster.realstory import NotWithin, Objects, controller_refusals, 
 from tests.actors import WatchEvent
 from tests.real.enforcer import ENFORCER_WEBHOOK, Enforcement
 
+KEPT_WAITING_S = 30.0
+"""How long a Release must not run a job while a lost node's pods exist: 150 of the
+gate's resync passes (200 ms here, tests/real/enforcer.py) beside its watch events, so a
+gate that counted a Terminating pod as gone, or forgot one at a resync, readmits well
+inside it."""
+
 
 def meta(instance: int | None = None, seconds: float = 30) -> CallMeta:
     return CallMeta(datetime.now(UTC) + timedelta(seconds=seconds), instance)

@@ -47,6 +47,7 @@ from rig.localcluster.realstory import (
 from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import (
+    KEPT_WAITING_S,
     Timeline,
     assert_no_false_positives,
     assert_one_execution_at_a_time,
@@ -55,12 +56,6 @@ from tests.real.story import (
 )
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
-
-REFUSED_S = 30.0
-"""How long a Release must not run the job while the lost node's pods exist: 150 of the
-gate's resync passes (200 ms here, tests/real/enforcer.py) beside its watch events, so a
-gate that counted a Terminating pod as gone, or forgot one at a resync, readmits well
-inside it."""
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +183,7 @@ def test_a_lost_node_holds_readmission_until_its_pods_are_provably_gone(
         with pytest.raises(PodsRemain):
             adapter.release(job, meta(1))
     timeline.mark("Release " + ("kept waiting" if mode == "kueue" else "refused (PodsRemain)"))
-    until = time.monotonic() + REFUSED_S
+    until = time.monotonic() + KEPT_WAITING_S
     while time.monotonic() < until:
         assert story.objects.suspended(), "readmitted while the lost node's pods remain"
         assert story.objects.attempt() == "1"
