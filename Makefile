@@ -14,14 +14,15 @@ STAMP := $(VENV)/.installed-stamp
 # memory bound of the default cap of worst-case connections (65 s on 3.12) runs on 3.11
 # only: it measures the image's process.
 OTHER_PYTHONS := 3.12 3.13
-PYTHONS_TESTS := tests/test_webhook_review.py tests/test_webhook_rules.py \
-	tests/test_webhook_handler.py tests/test_webhook_connections.py \
-	tests/test_adapter_decisions.py tests/test_adapter_core.py \
-	tests/test_adapter_preflight_pure.py tests/test_adapter_sync_watch.py \
-	tests/test_objects.py tests/test_vocabulary.py tests/test_config.py \
-	tests/test_audit_bounded.py tests/test_audit_integrity.py tests/test_audit_sinks.py \
-	tests/test_audit_rotation.py tests/test_adapter_kube.py tests/test_adapter_aio.py \
-	--deselect tests/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
+PYTHONS_TESTS := tests/unit/test_webhook_review.py tests/unit/test_webhook_rules.py \
+	tests/unit/test_webhook_handler.py tests/controlplane/test_webhook_connections.py \
+	tests/unit/test_adapter_decisions.py tests/unit/test_adapter_core.py \
+	tests/unit/test_adapter_preflight_pure.py tests/unit/test_adapter_sync_watch.py \
+	tests/unit/test_objects.py tests/unit/test_vocabulary.py tests/unit/test_config.py \
+	tests/unit/test_audit_bounded.py tests/unit/test_audit_integrity.py \
+	tests/unit/test_audit_sinks.py tests/unit/test_audit_rotation.py \
+	tests/controlplane/test_adapter_kube.py tests/controlplane/test_adapter_aio.py \
+	--deselect tests/controlplane/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
 
 .PHONY: test test-lane-controllers test-lane-others test-setup binaries-kubernetes binaries-others test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
 
@@ -63,14 +64,14 @@ test-setup: $(STAMP) node-packages
 # its installs.
 binaries-kubernetes: $(STAMP)
 	$(PY) -m rig.localcluster --only $(KUBERNETES_LANE)
-	$(PY) -m tests.tool_binaries kubectl
+	$(PY) -m tests.support.tool_binaries kubectl
 
 # etcd, the real Kueue, Trainer and JobSet that tests/real runs and kwok for its nodes; Helm
-# and kustomize for the manifest tests (tests/test_chart.py, ...); the API floor's
+# and kustomize for the manifest tests (tests/controlplane/test_chart.py, ...); the API floor's
 # kube-apiserver (v1.30.14), for the floor cell that `make test` runs last.
 binaries-others: $(STAMP)
 	$(PY) -m rig.localcluster --only $(OTHERS_LANE)
-	$(PY) -m tests.tool_binaries helm kustomize
+	$(PY) -m tests.support.tool_binaries helm kustomize
 	HOLDWARDEN_KUBERNETES_VERSION=v1.30.14 $(PY) -m rig.localcluster --only kube-apiserver
 
 # The Debian packages of tests/pods' real node (containerd, runc, CNI plugins, iptables,
@@ -83,7 +84,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile
 	# docs/configuration.md's key table and the chart's values.schema.json are generated
-	# from holdwarden/config.py (tests/test_configschema.py checks the same).
+	# from holdwarden/config.py (tests/unit/test_configschema.py checks the same).
 	$(PY) -m rig.configschema --check
 
 # The image's dependencies, pinned with hashes (the Dockerfile installs them with
@@ -119,9 +120,9 @@ test: test-setup lint typecheck
 test-lane-controllers: test-pythons
 	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/controllers tests/real
 
-# The rest of the suite, then the API floor (kube-apiserver v1.30.14, CRDs only): the
-# enforcer end to end, the policy twin's parity, preflight's dry-run probe and the one-step
-# install, the same tests.
+# The rest of the suite (tests/unit and tests/controlplane), then the API floor
+# (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy twin's parity,
+# preflight's dry-run probe and the one-step install, the same tests.
 test-lane-others: $(STAMP)
 	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/others \
 		--ignore=tests/real --ignore=tests/pods
@@ -139,6 +140,11 @@ test-pythons: $(foreach v,$(OTHER_PYTHONS),$(VENV)-$(v)/.installed-stamp)
 		echo "== Python $$v"; \
 		$(VENV)-$$v/bin/pytest -q -p no:cacheprovider $(PYTHONS_TESTS); \
 	done
+
+# Only the pure tests (tests/unit): no control plane, no binaries, no process or server of
+# ours, so nothing to build first; `make test` runs them too (test-lane-others).
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q -o cache_dir=.pytest_cache/unit tests/unit
 
 # Only the end-to-end suite on the real Kueue, Trainer, JobSet and kube-controller-manager
 # (tests/real; `make test` runs it too).

@@ -5,8 +5,8 @@ operations, the design card's library) and returns it as the one body the adapte
 RFC 7386 JSON *merge* patch that carries the read's ``metadata.resourceVersion``.
 
 Why a merge patch and not a JSON Patch whose first operation tests the resourceVersion:
-checked against the real kube-apiserver (``tests/test_adapter_patches.py``), a merge patch
-carrying a stale resourceVersion is answered **409 Conflict**, exactly like a PUT of the
+checked against the real kube-apiserver (``tests/controlplane/test_adapter_patches.py``), a
+merge patch carrying a stale resourceVersion is answered **409 Conflict**, exactly like a PUT of the
 object as read, so the spec's rule is kept word for word: an update preconditioned on the
 resourceVersion of the read it was decided on, and a conflict handled as before. A JSON
 Patch whose ``test`` of the resourceVersion fails is answered 422 Invalid instead (and one

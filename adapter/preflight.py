@@ -4,7 +4,7 @@
 through the core's ``send`` (so every probe gets the same hook, deadline check, timeout,
 request log and transport errors as the adapter's calls) and returns a typed result. What
 an answer means is decided by the pure functions below the class, each with its table
-tests (``tests/test_adapter_preflight_pure.py``); the class only asks and hands the answers
+tests (``tests/unit/test_adapter_preflight_pure.py``); the class only asks and hands the answers
 over.
 
 The capabilities (docs/reference/adapter-api.md, "Preflight"):

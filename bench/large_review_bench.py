@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.tlsfixture import write_serving_tls  # noqa: E402
 from bench.webhook_bench import Connection, http_request, start_server  # noqa: E402
-from tests.review_samples import inflate, review, trainjob  # noqa: E402
+from tests.support.review_samples import inflate, review, trainjob  # noqa: E402
 
 SIZES = {"20KB": 20_000, "300KB": 300_000, "1.5MB": 1_500_000}
 ROLES = ("enforcer", "enforcer-narrow", "floor")

@@ -24,7 +24,7 @@ by its TrainJob and labelled with its uid, as Kueue makes them), created directl
    until the gate has marked the check Ready is measured (five times).
 
 What grows with N and what must not: see docs/performance/scale.md. The suite runs a small
-version (``tests/test_scale_smoke.py``) that checks the counts, not the times.
+version (``tests/controlplane/test_scale_smoke.py``) that checks the counts, not the times.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Population:
 
 def update_latency(cluster: LocalCluster, work: Path, writes: int) -> dict[str, dict[str, float]]:
     """p50/p99 (ms) of label UPDATEs, per configuration and kind, taking turns."""
-    from tests.test_policy_parity import policy_only, webhook_only
+    from tests.controlplane.test_policy_parity import policy_only, webhook_only
 
     token = uuid.uuid4().hex[:8]
     label = "holdwarden.io/policy-parity"

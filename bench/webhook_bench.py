@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.tlsfixture import write_serving_tls  # noqa: E402
 from holdwarden.config import Config  # noqa: E402
-from tests.review_samples import inflate, review, trainjob, workload  # noqa: E402
+from tests.support.review_samples import inflate, review, trainjob, workload  # noqa: E402
 from webhook.review import parse_review  # noqa: E402
 from webhook.rules import RulesConfig, evaluate  # noqa: E402
 

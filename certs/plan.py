@@ -20,7 +20,7 @@ The order of the rules is what makes a rotation safe (overlap rotation):
      loaded it by then): PRUNE them (rule 3 then injects the smaller bundle);
   6. otherwise NOTHING.
 
-Invariants (tests/test_certs_plan.py checks them over random histories):
+Invariants (tests/unit/test_certs_plan.py checks them over random histories):
   - a serving certificate is only ever written signed by a CA that is in the injected
     bundle, and has been for ``propagationDelay`` (CREATE excepted: nothing was served);
   - a bundle is only ever injected if it holds the CA of the serving certificate in the

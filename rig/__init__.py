@@ -6,6 +6,6 @@
 - ``rig.builders``: the one set of TrainJob and Workload bodies that the tests, the demo and
   the benchmarks build objects from.
 
-Nothing shipped imports this package (tests/test_layering.py); ``holdwarden demo`` finds it
+Nothing shipped imports this package (tests/unit/test_layering.py); ``holdwarden demo`` finds it
 only in a source checkout.
 """

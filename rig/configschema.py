@@ -8,7 +8,7 @@ describe it to people and tools:
 
 Both come from ``msgspec.json.schema(Config)``: one schema, so the table and the chart say
 what the code reads. ``python -m rig.configschema`` rewrites them; ``--check`` only says
-whether they are up to date (tests/test_configschema.py does the same in the suite).
+whether they are up to date (tests/unit/test_configschema.py does the same in the suite).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ invariant, and decide that itself, before calling anyone. A write is sent when
       changes, the old or the new object carries the Kueue queue label, and the writer
       is not one of ``kueue.identities`` (by username or by any group).
 
-Why this set, checked against ``webhook/rules.py`` (tests/test_webhook_blast_radius.py
-proves it with the conditions evaluated by the real apiserver):
+Why this set, checked against ``webhook/rules.py``
+(tests/controlplane/test_webhook_blast_radius.py proves it with the conditions evaluated
+by the real apiserver):
 
   - ``held-*`` and ``hold-instance-malformed`` need the new object to carry
     ``P/hold-instance``; ``hold-instance-monotonic`` needs both to: all inside (H).

@@ -9,7 +9,7 @@ them rendered for the default configuration (a test checks they agree); for anot
 ``webhook.holderIdentities`` run ``python -m webhook.policy --prefix P --kueue-identity ID
 --workload-deleter ID --holder ID`` and apply its output instead (docs/explanation/policy.md).
 
-Invariants (tests/test_policy_parity.py proves them on the real kube-apiserver):
+Invariants (tests/controlplane/test_policy_parity.py proves them on the real kube-apiserver):
   - For every CREATE and UPDATE of a TrainJob or Workload, and every DELETE of a
     Workload, the policy refuses exactly when ``webhook.rules.evaluate`` does, and names the
     same rule first.

@@ -77,7 +77,7 @@ CRD_FILES = (
 )
 
 # Upstream CRD files that a Kubernetes version of the version matrix refuses, and why. On
-# that version the cluster installs the project's minimal CRD (tests/crds) in their place
+# that version the cluster installs the project's minimal CRD (tests/support/crds) in their place
 # and says so in ``crd_kind``: the API floor runs holdwarden's own APIs on the CRDs it
 # accepts, and a full Kueue/Trainer stack cannot be installed there.
 REFUSED_CRDS: dict[str, dict[str, str]] = {
@@ -134,7 +134,7 @@ def find_crd_dir() -> tuple[Path, str]:
     """The upstream CRDs when present (CI has them), else the project's minimal ones.
 
     Order: ``$HOLDWARDEN_CRDS``; ``../shared/crds`` beside the repository; the project's
-    own ``tests/crds``. Returns the folder and which kind it is ("upstream"/"minimal").
+    own ``tests/support/crds``. Returns the folder and which kind it is ("upstream"/"minimal").
     """
     repo = Path(__file__).resolve().parents[2]
     candidates: list[tuple[Path, str]] = []
@@ -143,20 +143,20 @@ def find_crd_dir() -> tuple[Path, str]:
     for root in (repo, Path.cwd()):
         candidates.append((root.parent / "shared" / "crds", "upstream"))
     for root in (repo, Path.cwd()):
-        candidates.append((root / "tests" / "crds", "minimal"))
+        candidates.append((root / "tests" / "support" / "crds", "minimal"))
     for folder, kind in candidates:
         if all((folder / name).is_file() for name in CRD_FILES):
             return folder, kind
     raise ControlPlaneError(
         "no CRDs found: expected the CRD files in $HOLDWARDEN_CRDS, ../shared/crds or "
-        f"tests/crds (looked in {', '.join(str(c[0]) for c in candidates)})"
+        f"tests/support/crds (looked in {', '.join(str(c[0]) for c in candidates)})"
     )
 
 
 def accepted_crd_dir(crd_dir: Path, refused: Mapping[str, str], version: str) -> Path:
     """A folder in the cache with ``crd_dir``'s CRD files, except that each one in
-    ``refused`` is the project's minimal CRD (tests/crds) instead."""
-    minimal = Path(__file__).resolve().parents[2] / "tests" / "crds"
+    ``refused`` is the project's minimal CRD (tests/support/crds) instead."""
+    minimal = Path(__file__).resolve().parents[2] / "tests" / "support" / "crds"
     digest = hashlib.sha256(str(crd_dir.resolve()).encode())
     target = cache_dir() / f"crds-accepted-{version}-{digest.hexdigest()[:12]}"
     target.mkdir(parents=True, exist_ok=True)

@@ -51,11 +51,11 @@ REAL_STORY = (
 )
 # The API floor: holdwarden's own APIs on kube-apiserver with CRDs only.
 FLOOR = (
-    "tests/test_webhook_e2e.py",
-    "tests/test_policy_parity.py",
-    "tests/test_adapter_preflight.py::test_a_probe_refused_by_another_webhook_is_reported_as_such",
-    "tests/test_adapter_preflight.py::test_kueue_mode_enforcer_probe_is_a_workload",
-    "tests/test_install_onestep.py",
+    "tests/controlplane/test_webhook_e2e.py",
+    "tests/controlplane/test_policy_parity.py",
+    "tests/controlplane/test_adapter_preflight.py::test_a_probe_refused_by_another_webhook_is_reported_as_such",
+    "tests/controlplane/test_adapter_preflight.py::test_kueue_mode_enforcer_probe_is_a_workload",
+    "tests/controlplane/test_install_onestep.py",
 )
 
 
@@ -174,7 +174,7 @@ def run_cell(
     if matrix_cell.controllers:
         builds = [[python, "-m", "rig.localcluster", "--controllers"]]
     if any("install_onestep" in t for t in matrix_cell.tests):
-        builds.append([python, "-m", "tests.tool_binaries"])
+        builds.append([python, "-m", "tests.support.tool_binaries"])
     began = time.monotonic()
     for command in builds:
         status, output = _run(command, env, build_timeout)

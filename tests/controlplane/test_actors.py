@@ -1,7 +1,7 @@
 """The test actors do what they claim, against the real control plane.
 
 The interleaving test's invariants are only as good as the actors that play Kueue and
-Trainer, so each claim of ``tests/actors.py`` is checked here on the real API server.
+Trainer, so each claim of ``tests/support/actors.py`` is checked here on the real API server.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from holdwarden.vocabulary import (
 )
 from rig.builders import trainjob_body
 from rig.localcluster import UNPRIVILEGED_USER, LocalCluster
-from tests.actors import (
+from tests.support.actors import (
     DECIDED_ON_ANNOTATION,
     HEARTBEAT_CONDITION,
     ActorError,

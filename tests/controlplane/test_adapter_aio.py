@@ -3,7 +3,7 @@ on one event loop, awaited hooks, cancellation, its own connections, and its tra
 failures sorted as the sync adapter's are (never connected, no answer, connection lost).
 
 Its contract itself (every Start/Open/Hold/Release/Observe/Preflight behaviour) is checked
-by tests/test_adapter_kube.py, which runs every test on both adapters.
+by tests/controlplane/test_adapter_kube.py, which runs every test on both adapters.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from adapter.steps import Request, Send
 from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from rig.localcluster import LocalCluster
-from tests.test_adapter_kube import HOLDER, Cluster, hold_annotations, meta
-from tests.test_adapter_supervisor import _client_for, _closed_port, _Silent
+from tests.controlplane.test_adapter_kube import HOLDER, Cluster, hold_annotations, meta
+from tests.controlplane.test_adapter_supervisor import _client_for, _closed_port, _Silent
 
 pytestmark = pytest.mark.controlplane
 

@@ -86,7 +86,7 @@ from rig.localcluster import (
     TRAINER_IDENTITY,
     LocalCluster,
 )
-from tests.actors import (
+from tests.support.actors import (
     DECIDED_ON_ANNOTATION,
     DECIDED_ON_WORKLOAD_ANNOTATION,
     KueueActor,
@@ -97,7 +97,7 @@ from tests.actors import (
     is_active,
     is_suspended,
 )
-from tests.adapters import BlockingAsyncAdapter, caller_context
+from tests.support.adapters import BlockingAsyncAdapter, caller_context
 
 Obj = dict[str, Any]
 ANN = Annotations()

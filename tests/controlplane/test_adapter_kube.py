@@ -1,7 +1,7 @@
 """Both adapters against the REAL local control plane (etcd + kube-apiserver, real CRDs).
 
 Every test runs twice: with the sync ``Adapter`` and with the asyncio ``AsyncAdapter``
-(through ``tests.adapters.BlockingAsyncAdapter``, which gives it blocking methods), so the
+(through ``tests.support.adapters.BlockingAsyncAdapter``, which gives it blocking methods), so the
 two drivers are held to exactly the same behaviour.
 
 The adapter runs as the supervisor's service account. No Kueue or Trainer controller runs:
@@ -39,9 +39,9 @@ from holdwarden.objects import kueue_workload_names
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from rig.builders import kueue_workload_body, trainjob_body, workload_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from tests.adapters import BlockingAsyncAdapter
-from tests.netfaults import BufferingWatchProxy
-from tests.rbac_helpers import wait_allowed
+from tests.support.adapters import BlockingAsyncAdapter
+from tests.support.netfaults import BufferingWatchProxy
+from tests.support.rbac_helpers import wait_allowed
 
 pytestmark = pytest.mark.controlplane
 
@@ -1362,7 +1362,8 @@ def test_transport_retries_are_off(cluster: LocalCluster, supervisor_client: k8s
     assert retries is False or (retries.total is False and retries.redirect == 0)
 
 
-@pytest.mark.parametrize("driver", ["sync"])  # the asyncio twin: tests/test_adapter_aio.py
+# The asyncio twin: tests/controlplane/test_adapter_aio.py.
+@pytest.mark.parametrize("driver", ["sync"])
 def test_a_kueue_read_has_its_two_gets_in_flight_together(
     cluster: LocalCluster,
     supervisor_client: k8s.ApiClient,

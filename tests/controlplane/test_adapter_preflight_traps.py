@@ -42,7 +42,7 @@ from rig.localcluster.cluster import CRD_FILES, find_crd_dir
 
 pytestmark = pytest.mark.controlplane
 
-V221_CRD = Path(__file__).resolve().parent / "crds" / "trainer-v2.2.1"
+V221_CRD = Path(__file__).resolve().parents[1] / "support" / "crds" / "trainer-v2.2.1"
 
 
 def make(cluster: LocalCluster, api: k8s.ApiClient) -> Adapter:

@@ -24,9 +24,9 @@ from holdwarden.cli import main
 from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB
 from rig.localcluster import LocalCluster
-from tests.rbac_helpers import wait_allowed
-from tests.test_adapter_kube import A as KEYS
-from tests.test_adapter_kube import Cluster, hold_annotations, make, meta
+from tests.controlplane.test_adapter_kube import A as KEYS
+from tests.controlplane.test_adapter_kube import Cluster, hold_annotations, make, meta
+from tests.support.rbac_helpers import wait_allowed
 
 pytestmark = pytest.mark.controlplane
 

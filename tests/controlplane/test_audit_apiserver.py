@@ -34,13 +34,13 @@ from holdwarden.config import Config, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from rig.builders import trainjob_body
 from rig.localcluster import EDITOR_USER, LocalCluster
-from tests.enforcer_tls import run_in_thread
-from tests.review_samples import review, trainjob
+from tests.support.enforcer_tls import run_in_thread
+from tests.support.review_samples import review, trainjob
 from webhook.audit import read_audit
 
 pytestmark = pytest.mark.controlplane
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 A = Annotations()
 LABEL = "holdwarden.io/audit-e2e"
 WAIT = 30.0  # seconds for the apiserver to use the webhook, or to write an event

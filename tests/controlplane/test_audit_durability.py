@@ -23,11 +23,11 @@ import aiohttp
 import pytest
 
 from certs.generate import generate_ca, generate_serving
-from tests.review_samples import review, trainjob, workload
+from tests.support.review_samples import review, trainjob, workload
 from webhook.audit import AuditWriter, encode_line, read_audit
 from webhook.cli import parse_since
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_certs(cert_dir: Path) -> Path:

@@ -35,25 +35,25 @@ from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, event_reason
 from rig.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
 from rig.localcluster.realstory import wait_until_enforced
-from tests.enforcer_tls import run_in_thread
-from tests.kustomize import render
-from tests.rbac_helpers import wait_allowed
-from tests.shipped_webhook import (
-    local_registration,
-    local_webhook,
-)
-from tests.test_webhook_e2e import (
+from tests.controlplane.test_webhook_e2e import (
     MERGE,
     WEBHOOK_NAME,
     held_trainjob,
     patch,
     refused,
 )
+from tests.support.enforcer_tls import run_in_thread
+from tests.support.kustomize import render
+from tests.support.rbac_helpers import wait_allowed
+from tests.support.shipped_webhook import (
+    local_registration,
+    local_webhook,
+)
 from webhook.audit_sinks import EVENT_WRITE_ATTEMPTS, EventLabels, EventsSink, KubeEvents
 
 pytestmark = pytest.mark.controlplane
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LABEL = "holdwarden.io/audit-events-e2e"
 ACCOUNT = "system:serviceaccount:holdwarden-system:holdwarden"
 RULE = "held-trainjob-suspended"

@@ -17,15 +17,15 @@ from typing import Any
 
 import aiohttp
 
-from tests.audit_helpers import (
+from tests.controlplane.test_audit_durability import start_serve
+from tests.support.audit_helpers import (
     assert_whole_lines,
     eventually,
     eventually_async,
     fill,
     small_tmpfs,
 )
-from tests.review_samples import review, trainjob
-from tests.test_audit_durability import start_serve
+from tests.support.review_samples import review, trainjob
 from webhook.audit import read_audit, rotated_path
 
 BUDGET = 90.0

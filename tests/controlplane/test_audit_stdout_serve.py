@@ -20,11 +20,11 @@ from typing import Any
 
 import aiohttp
 
-from tests.audit_helpers import eventually_async
-from tests.review_samples import review, trainjob
-from tests.test_audit_durability import write_certs
+from tests.controlplane.test_audit_durability import write_certs
+from tests.support.audit_helpers import eventually_async
+from tests.support.review_samples import review, trainjob
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 90.0
 CONNECTIONS = 8
 PER_CONNECTION = 25

@@ -24,8 +24,8 @@ from kubernetes import client as k8s
 
 from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
 from rig.localcluster import LocalCluster
-from tests.enforcer_tls import Pki, ServeProcess
-from tests.shipped_webhook import local_registration, local_webhook
+from tests.support.enforcer_tls import Pki, ServeProcess
+from tests.support.shipped_webhook import local_registration, local_webhook
 
 pytestmark = pytest.mark.controlplane
 

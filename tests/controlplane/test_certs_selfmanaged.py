@@ -41,9 +41,9 @@ from holdwarden.vocabulary import TRAINJOB, Annotations
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
 from rig.localcluster.ports import free_port
-from tests.enforcer_tls import run_in_thread
-from tests.kustomize import render
-from tests.shipped_webhook import (
+from tests.support.enforcer_tls import run_in_thread
+from tests.support.kustomize import render
+from tests.support.shipped_webhook import (
     local_registration,
     local_webhook,
 )
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.controlplane
 
 A = Annotations()
 LABEL = "holdwarden.io/self-managed-test"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ROLE = "holdwarden-certificates"
 FAST_LEASE = ElectionTiming(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)
 

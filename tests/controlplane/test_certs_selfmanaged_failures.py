@@ -22,8 +22,7 @@ from holdwarden.config import CertificatesConfig, Config, WebhookConfig
 from holdwarden.leaderelection import ElectionTiming
 from rig.localcluster import LocalCluster
 from rig.localcluster.ports import free_port
-from tests.netfaults import FreezableProxy
-from tests.test_certs_selfmanaged import (
+from tests.controlplane.test_certs_selfmanaged import (
     config_for,
     fresh_scene,
     refused_probe,
@@ -33,6 +32,7 @@ from tests.test_certs_selfmanaged import (
     wait_for,
     webhook_configuration,
 )
+from tests.support.netfaults import FreezableProxy
 
 FAST_LEASE = ElectionTiming(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)
 

@@ -1,7 +1,7 @@
 """charts/holdwarden renders the same objects as the kustomize install, for each variant the
 chart offers (``helm template`` with the Helm built by ``make binaries``, against the real
-kustomize v5.5.0, tests/kustomize.py). The kustomize objects are the ones the real
-apiserver accepts strictly (tests/test_manifests_render.py), so equal objects are too.
+kustomize v5.5.0, tests/support/kustomize.py). The kustomize objects are the ones the real
+apiserver accepts strictly (tests/controlplane/test_manifests_render.py), so equal objects are too.
 
 Three differences are by design: the chart does not create the Namespace (Helm installs into
 an existing one, or ``--create-namespace``: label it for Pod Security), the ConfigMap's
@@ -25,11 +25,11 @@ import yaml
 from holdwarden import __version__
 from holdwarden.config import Config
 from rig.localcluster.binaries import BinariesUnavailable
-from tests.kustomize import render, unhashed
-from tests.tool_binaries import ensure_helm
+from tests.support.kustomize import render, unhashed
+from tests.support.tool_binaries import ensure_helm
 from webhook import selftest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "holdwarden"
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "holdwarden-system"
@@ -238,7 +238,7 @@ def test_the_helm_test_pod_sends_one_review_trusting_the_webhooks_ca(
     """The hook's rendered Pod: runs webhook.selftest against the Service with only the
     CA (not the CA key) of the mode's Secret, no token, and passes the namespace's
     restricted Pod Security (the settings the enforcer's own Pod has).
-    (tests/test_install_onestep.py runs the same command against a real enforcer.)"""
+    (tests/controlplane/test_install_onestep.py runs the same command against a real enforcer.)"""
     objs = helm_template(helm, [f"certificates.mode={mode}"], tmp_path, hooks=True)
     (pod,) = [o for o in objs if o["kind"] == "Pod"]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
@@ -395,7 +395,7 @@ def test_a_duration_the_grace_period_cannot_read_is_refused_naming_it(
 def test_every_liveness_probe_waits_5_s_for_an_answer(
     helm: Path, tmp_path: Path, values: list[str]
 ) -> None:
-    """As the kustomize manifests (tests/test_manifests.py): liveness catches a hung
+    """As the kustomize manifests (tests/controlplane/test_manifests.py): liveness catches a hung
     process, not a busy node."""
     pods = [
         o["spec"]["template"]["spec"]

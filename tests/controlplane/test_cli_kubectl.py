@@ -27,7 +27,7 @@ from holdwarden.cli import build_parser, kubectl_main, main
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _actions(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:

@@ -2,7 +2,7 @@
 gateserver.py), without an apiserver: its health and metrics endpoints, its flags.
 
 The gate against the real control plane, as a subprocess (Ready, its /metrics, SIGTERM):
-tests/test_readmission_kube.py::test_holdwarden_gate_runs_the_gate_in_its_own_process.
+tests/controlplane/test_readmission_kube.py::test_holdwarden_gate_runs_the_gate_in_its_own_process.
 """
 
 from __future__ import annotations

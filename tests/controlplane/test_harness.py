@@ -133,7 +133,7 @@ def test_a_killed_run_leaves_no_process_and_no_files(sig: signal.Signals) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert owner.stdout is not None

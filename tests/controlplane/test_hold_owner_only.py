@@ -24,8 +24,8 @@ from holdwarden.config import TimeoutsConfig, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations, RuleId
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from tests import policy_corpus as corpus
-from tests.test_policy_parity import LABEL, policy_only, webhook_only
+from tests.controlplane.test_policy_parity import LABEL, policy_only, webhook_only
+from tests.support import policy_corpus as corpus
 
 pytestmark = pytest.mark.controlplane
 

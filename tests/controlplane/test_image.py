@@ -35,7 +35,7 @@ from rig import image as image_build
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 120.0
 
 # The cold build takes minutes; a warm one seconds. Every step inside is bounded itself.

@@ -45,14 +45,14 @@ from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION, TRAINJOB, WORKLOAD,
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import LocalCluster
 from rig.localcluster.ports import free_port
-from tests.kustomize import generated_as, render
-from tests.test_chart import helm_template
-from tests.test_manifests_render import _call, _collection
-from tests.tool_binaries import ensure_helm
+from tests.controlplane.test_chart import helm_template
+from tests.controlplane.test_manifests_render import _call, _collection
+from tests.support.kustomize import generated_as, render
+from tests.support.tool_binaries import ensure_helm
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "holdwarden-system"
 TEAM = "team-a"

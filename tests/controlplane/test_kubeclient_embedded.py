@@ -1,7 +1,7 @@
 """A kubeconfig with embedded certificates loads with no writable temporary directory (the
 image's read-only root): the certificates become sealed in-memory files, nothing is
 written to disk or back to the kubeconfig, and the CLI talks to the real apiserver with
-them. tests/test_image.py runs the same in the built image."""
+them. tests/controlplane/test_image.py runs the same in the built image."""
 
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, RuleId
 from rig.builders import trainjob_body
 from rig.localcluster import EDITOR_USER, KUEUE_IDENTITY, LocalCluster
 from rig.localcluster.realstory import NotWithin, eventually
-from tests.shipped_webhook import local_registration, local_webhook
-from tests.test_webhook_e2e import _serve_in_thread
+from tests.controlplane.test_webhook_e2e import _serve_in_thread
+from tests.support.shipped_webhook import local_registration, local_webhook
 from webhook.audit import read_audit
 from webhook.match_conditions import kueue_namespace_selector, kueue_namespace_webhook
 from webhook.policy import binding, render_kueue_namespace_policy, render_rules_policy

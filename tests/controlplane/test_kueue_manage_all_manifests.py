@@ -12,10 +12,10 @@ import yaml
 from holdwarden import labelselector
 from holdwarden.config import Config
 from holdwarden.vocabulary import KUEUE_NAMESPACE_PATH, KUEUE_NAMESPACE_WEBHOOK
-from tests.kustomize import render
+from tests.support.kustomize import render
 from webhook import match_conditions, policy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "manifests" / "kueue-manage-all"
 
 

@@ -17,9 +17,9 @@ from kubernetes.client.exceptions import ApiException
 from holdwarden.config import CertificatesConfig, Config, split_address
 from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION, TRAINJOB, WORKLOAD
 from rig.localcluster import LocalCluster
-from tests.kustomize import render
+from tests.support.kustomize import render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "holdwarden-system"
 
@@ -181,7 +181,7 @@ def test_configmap_config_loads_and_agrees_with_the_deployment() -> None:
     assert volumes["config"]["configMap"]["name"] == "holdwarden-config"
 
     # Self-managed: the certificate comes from the API, so no certificate volume
-    # (manifests/provided mounts one: tests/test_manifests_selfmanaged.py).
+    # (manifests/provided mounts one: tests/controlplane/test_manifests_selfmanaged.py).
     assert "tls" not in mounts and "tls" not in volumes
     assert "--certificates=self-managed" in container["args"]
 

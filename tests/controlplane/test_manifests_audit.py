@@ -20,10 +20,10 @@ from kubernetes import client as k8s
 from holdwarden.cli import build_parser
 from holdwarden.config import Config
 from rig.localcluster import LocalCluster
-from tests.kustomize import render
-from tests.test_manifests_render import NAMESPACE, _call, _collection, _find
+from tests.controlplane.test_manifests_render import NAMESPACE, _call, _collection, _find
+from tests.support.kustomize import render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 DURABLE = MANIFESTS / "durable-audit"
 

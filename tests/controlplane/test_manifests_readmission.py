@@ -12,9 +12,9 @@ from kubernetes import client as k8s
 from holdwarden.config import Config
 from rig.localcluster import LocalCluster
 from rig.localcluster.rbac import GATE_IDENTITY, IDENTITY_RBAC
-from tests.kustomize import render, unhashed
+from tests.support.kustomize import render, unhashed
 
-MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 COMPONENT = MANIFESTS / "readmission"
 
 

@@ -3,7 +3,8 @@ it: the objects agree with each other, the enforcer's Pod has no token unless a 
 needs one, the roles cover what the supervisor and operators do on the real apiserver,
 and the real apiserver accepts every rendered object with a strict server-side dry run.
 
-Rendering uses the real kustomize v5.5.0 (tests/kustomize.py, built by tests/tool_binaries.py).
+Rendering uses the real kustomize v5.5.0 (tests/support/kustomize.py, built by
+tests/support/tool_binaries.py).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from adapter.errors import NotFound
 from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
-from tests.kustomize import generated_as, render
-from tests.rbac_helpers import may, wait_allowed
+from tests.support.kustomize import generated_as, render
+from tests.support.rbac_helpers import may, wait_allowed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "holdwarden-system"
 # The verb the adapter writes with (merge patch since adapter/patches.py, PUT before it);
@@ -47,7 +48,7 @@ VARIANTS: dict[str, list[Path]] = {
     "defence-in-depth": [MANIFESTS / "defence-in-depth"],
     "provided": [MANIFESTS / "provided"],
     # (cert-manager's objects need its CRDs, which are not here: its render is checked
-    # below and in tests/test_manifests_selfmanaged.py.)
+    # below and in tests/controlplane/test_manifests_selfmanaged.py.)
     "provided-defence-in-depth": [MANIFESTS / "provided", MANIFESTS / "defence-in-depth"],
     "everything": [MANIFESTS / "monitoring", MANIFESTS / "readmission"],
 }
@@ -89,7 +90,7 @@ def test_the_enforcer_is_bound_only_to_its_certificates_rights() -> None:
         == _find(base, "PriorityClass", "holdwarden-critical")["metadata"]["name"]
     )
     # The base binds the enforcer's account to the certificates' roles only
-    # (tests/test_manifests_selfmanaged.py checks each rule).
+    # (tests/controlplane/test_manifests_selfmanaged.py checks each rule).
     bound = {
         o["roleRef"]["name"] for o in base if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
     }
@@ -264,7 +265,8 @@ def _collection(
 
 
 def install_monitoring_crds(cluster: LocalCluster, api: k8s.ApiClient) -> None:
-    """The minimal monitoring.coreos.com CRDs (tests/monitoring/crds.yaml), established."""
+    """The minimal monitoring.coreos.com CRDs (tests/controlplane/monitoring/crds.yaml),
+    established."""
     crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     for crd in yaml.safe_load_all(MONITORING_CRDS.read_text()):
         status, body, _ = _call(cluster, api, "POST", crds, crd)

@@ -3,8 +3,9 @@ Deployment's flag): the base agrees with the configuration defaults it relies on
 grants exactly what certs/selfmanaged.py and certs/enforcing.py use; manifests/provided
 (and manifests/cert-manager, which includes it) turn it back into a mounted Secret and
 remove exactly those rights. (The real apiserver's strict dry run of every rendered object
-is in tests/test_manifests_render.py; tests/test_certs_selfmanaged.py runs the enforcer
-under these rules, tests/test_install_onestep.py the whole base.)"""
+is in tests/controlplane/test_manifests_render.py; tests/controlplane/test_certs_selfmanaged.py
+runs the enforcer under these rules, tests/controlplane/test_install_onestep.py the whole
+base.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import yaml
 
 from holdwarden.config import CertificatesConfig, Config
 from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
-from tests.kustomize import generated_as, render
+from tests.support.kustomize import generated_as, render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 PROVIDED = MANIFESTS / "provided"
 CERT_MANAGER = MANIFESTS / "cert-manager"

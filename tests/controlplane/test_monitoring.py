@@ -16,11 +16,11 @@ from prometheus_client.registry import Collector
 
 from readmission import metrics as gate_metrics
 from readmission.metrics import GateMetrics
-from tests.kustomize import render
+from tests.support.kustomize import render
 from webhook import metrics as webhook_metrics
 from webhook.audit_sinks import SinkMetrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"
 DASHBOARD = MONITORING / "dashboard.json"
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -203,7 +203,7 @@ def test_the_component_ships_the_dashboard_for_grafanas_sidecar_and_the_chart_th
     ]
     assert shipped["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert shipped["data"] == {"holdwarden.json": DASHBOARD.read_text()}
-    # Helm reads files inside the chart only: its copy must be this one (tests/test_chart.py
-    # compares the rendered ConfigMaps).
+    # Helm reads files inside the chart only: its copy must be this one
+    # (tests/controlplane/test_chart.py compares the rendered ConfigMaps).
     chart_copy = ROOT / "charts" / "holdwarden" / "dashboards" / "holdwarden.json"
     assert chart_copy.read_text() == DASHBOARD.read_text()

@@ -15,7 +15,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)")
 
 

@@ -16,7 +16,7 @@ from holdwarden.config import Config
 from rig.localcluster import LocalCluster
 from webhook.policy import owner_only_manifest, rules_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 RULES_FILE = MANIFESTS / "policy" / "policy.yaml"
 OWNER_FILE = MANIFESTS / "policy" / "owner-only" / "policy.yaml"

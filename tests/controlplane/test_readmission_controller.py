@@ -1,7 +1,7 @@
 """The readmission gate as a controller, on the real control plane: leader failover under
 load, the requests it makes when nothing happens, watch expiry, metrics.
 
-Kueue is the actor in tests/actors.py (``admission_check=...``: it admits only through the
+Kueue is the actor in tests/support/actors.py (``admission_check=...``: it admits only through the
 gate's check); Trainer is the actor that makes and deletes pods.
 """
 
@@ -32,12 +32,12 @@ from readmission.controller import ReadmissionGate
 from readmission.decisions import GateAction, granted_attempt
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import GATE_IDENTITY, LocalCluster
-from tests.actors import KueueActor, TrainerActor, Watcher, WatchEvent
-from tests.test_readmission_kube import check_name, failover_gate_config, gate_config
+from tests.controlplane.test_readmission_kube import check_name, failover_gate_config, gate_config
+from tests.support.actors import KueueActor, TrainerActor, Watcher, WatchEvent
 
 __all__ = ["check_name"]  # the fixture, re-used
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTES = Annotations()
 LEASE_NAMESPACE = "default"  # where gate_config puts the Lease
 
@@ -185,7 +185,7 @@ def leader_process(cluster: LocalCluster, check_name: str, tmp_path: Path) -> It
         [
             sys.executable,
             "-m",
-            "tests.readmission_gate_process",
+            "tests.support.readmission_gate_process",
             str(cluster.kubeconfig_path),
             GATE_IDENTITY,
             check_name,

@@ -29,8 +29,8 @@ from readmission.controller import (
 from readmission.decisions import granted_attempt
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import GATE_IDENTITY, LocalCluster
-from tests.actors import KueueActor, TrainerActor
-from tests.netfaults import FreezableProxy
+from tests.support.actors import KueueActor, TrainerActor
+from tests.support.netfaults import FreezableProxy
 
 NOTES = Annotations()
 

@@ -18,14 +18,14 @@ from readmission.controller import ReadmissionGate
 from readmission.decisions import GateAction, WorkerCount, decide_readmission
 from readmission.metrics import LONGEST_STALL, STALLED, GateMetrics, StallTracker
 from rig.localcluster import GATE_IDENTITY, LocalCluster
-from tests.test_readmission import CHECKS, NOTES, NOW, trainjob, workload
-from tests.test_readmission_kube import (  # the gate tests' fixtures and helpers
+from tests.controlplane.test_readmission_kube import (  # the gate tests' fixtures and helpers
     Objects,
     _pod,
     check_name,
     gate_config,
     objects,
 )
+from tests.unit.test_readmission import CHECKS, NOTES, NOW, trainjob, workload
 
 __all__ = ["check_name", "objects"]  # fixtures, used by name
 

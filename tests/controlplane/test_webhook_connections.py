@@ -22,7 +22,7 @@ import pytest
 from bench.webhook_bench import image_malloc_env
 from certs.generate import generate_ca, generate_client
 from holdwarden.config import WebhookConfig
-from tests.enforcer_tls import (
+from tests.support.enforcer_tls import (
     Pki,
     ServeProcess,
     close_quietly,

@@ -34,8 +34,8 @@ from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotati
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import LocalCluster
 from rig.localcluster.realstory import wait_until_enforced
-from tests.enforcer_tls import run_in_thread
-from tests.shipped_webhook import (
+from tests.support.enforcer_tls import run_in_thread
+from tests.support.shipped_webhook import (
     local_registration,
     local_webhook,
     shipped_rules,

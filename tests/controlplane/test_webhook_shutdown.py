@@ -26,7 +26,7 @@ import yaml
 
 from holdwarden.cli.enforcer import STOP_GRACE_SECONDS
 from holdwarden.config import Config
-from tests.enforcer_tls import (
+from tests.support.enforcer_tls import (
     Pki,
     ServeProcess,
     close_quietly,
@@ -38,7 +38,7 @@ from tests.enforcer_tls import (
     serving,
 )
 
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 
 
 async def _review(

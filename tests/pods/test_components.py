@@ -82,7 +82,8 @@ def overlay(folder: Path, tag: str, *components: str) -> Path:
 
 def import_project_image(cluster: LocalCluster) -> str:
     """Import the project's image into the node; its tag."""
-    built = image_build.build_image(quiet=True)  # cached: tests/test_image.py builds it too
+    # Cached: tests/controlplane/test_image.py builds it too.
+    built = image_build.build_image(quiet=True)
     names = cluster.import_image(built.archive)
     assert f"{IMAGE}:{built.version}" in names, names
     return built.version
@@ -269,7 +270,7 @@ def abandon(cluster: LocalCluster, folder: Path) -> None:
 
 
 def _kubectl_argv(cluster: LocalCluster) -> list[str]:
-    from tests.tool_binaries import ensure_kubectl
+    from tests.support.tool_binaries import ensure_kubectl
 
     return [str(ensure_kubectl(log=False)), "--kubeconfig", str(cluster.kubeconfig_path)]
 

@@ -73,7 +73,7 @@ from tests.pods.test_install_kustomize import (
     ready_pods,
     wait_for,
 )  # fmt: skip
-from tests.tool_binaries import ensure_kubectl
+from tests.support.tool_binaries import ensure_kubectl
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(2400)]
 

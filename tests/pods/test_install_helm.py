@@ -36,7 +36,7 @@ from tests.pods.test_install_kustomize import (
     unsuspend,
     wait_for,
 )  # fmt: skip
-from tests.tool_binaries import ensure_helm
+from tests.support.tool_binaries import ensure_helm
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(1800)]
 

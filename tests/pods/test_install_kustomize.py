@@ -32,7 +32,7 @@ from rig import image as image_build
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
 from tests.pods.conftest import report
-from tests.tool_binaries import ensure_kubectl
+from tests.support.tool_binaries import ensure_kubectl
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(1800)]
 
@@ -193,7 +193,8 @@ def test_kubectl_apply_k_runs_the_enforcer_on_the_real_node(
     pods_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     cluster = pods_cluster
-    built = image_build.build_image(quiet=True)  # cached: tests/test_image.py builds it too
+    # Cached: tests/controlplane/test_image.py builds it too.
+    built = image_build.build_image(quiet=True)
     names = cluster.import_image(built.archive)
     image = "docker.io/library/holdwarden"
     assert f"{image}:{built.version}" in names, names

@@ -56,7 +56,6 @@ from rig.localcluster.realstory import (
     make_queues,
     with_requests,
 )
-from tests.actors import Watcher
 from tests.pods.conftest import report
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import (
@@ -67,6 +66,7 @@ from tests.real.story import (
     lose_a_node,
     meta,
 )
+from tests.support.actors import Watcher
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
 

@@ -19,7 +19,8 @@ _WAIT_S = 120.0
 
 
 def test_the_project_image_runs_as_a_pod(pods_cluster: LocalCluster, pods_namespace: str) -> None:
-    built = image_build.build_image(quiet=True)  # cached: tests/test_image.py builds it too
+    # Cached: tests/controlplane/test_image.py builds it too.
+    built = image_build.build_image(quiet=True)
     names = pods_cluster.import_image(built.archive)
     reference = f"docker.io/library/holdwarden:{built.version}"
     assert reference in names, names

@@ -61,7 +61,6 @@ from rig.localcluster.realstory import (
     wait_local_queue_active,
     with_requests,
 )
-from tests.actors import Watcher
 from tests.pods.conftest import report
 from tests.pods.test_components import IMAGE, SCRAPER, import_project_image, overlay
 from tests.pods.test_install_kustomize import (
@@ -72,8 +71,9 @@ from tests.pods.test_install_kustomize import (
     kubectl,
     wait_for,
 )  # fmt: skip
-from tests.rbac_helpers import may
 from tests.real.story import live_pod_sets, meta
+from tests.support.actors import Watcher
+from tests.support.rbac_helpers import may
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(1200)]
 

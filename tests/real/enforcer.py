@@ -28,7 +28,7 @@ from holdwarden.labelselector import LabelSelector
 from readmission.controller import ReadmissionGate
 from rig.localcluster import GATE_IDENTITY, LocalCluster
 from rig.localcluster.realstory import make_admission_check, wait_until_enforced
-from tests.shipped_webhook import shipped_match_conditions, shipped_rules
+from tests.support.shipped_webhook import shipped_match_conditions, shipped_rules
 from webhook.audit import read_audit
 from webhook.match_conditions import kueue_namespace_webhook
 

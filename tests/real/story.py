@@ -15,8 +15,8 @@ from adapter import CallMeta
 from rig.localcluster import LocalCluster
 from rig.localcluster.nodes import ready_status, unreachable_taint
 from rig.localcluster.realstory import NotWithin, Objects, controller_refusals, eventually
-from tests.actors import WatchEvent
 from tests.real.enforcer import ENFORCER_WEBHOOK, Enforcement
+from tests.support.actors import WatchEvent
 
 KEPT_WAITING_S = 30.0
 """How long a Release must not run a job while a lost node's pods exist: 150 of the

@@ -36,9 +36,9 @@ from rig.localcluster.realstory import (
     make_queues,
     with_requests,
 )
-from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import assert_no_false_positives, live_pod_sets, meta
+from tests.support.actors import Watcher
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
 

@@ -8,7 +8,7 @@ eviction, so it deactivates the released Workload again at once (``spec.active: 
 no hold), and its Requeued condition stays False with its own reason, which by itself
 keeps an active Workload out of the queue (kueue issue 14870, fixed in v0.20; that second
 case, an active Workload never queued, is the requeuing limit's, read from Kueue's code and
-pinned by the table tests in tests/test_adapter_traps.py, not run here: it needs
+pinned by the table tests in tests/unit/test_adapter_traps.py, not run here: it needs
 waitForPodsReady's requeuing, which the rig does not configure).
 
 "Never queued" cannot be shown by waiting: it is shown against a control. A second job in

@@ -44,7 +44,6 @@ from rig.localcluster.realstory import (
     make_queues,
     with_requests,
 )
-from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import (
     KEPT_WAITING_S,
@@ -54,6 +53,7 @@ from tests.real.story import (
     lose_a_node,
     meta,
 )
+from tests.support.actors import Watcher
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
 

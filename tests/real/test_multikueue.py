@@ -51,10 +51,10 @@ from rig.localcluster.realstory import (
     wait_local_queue_active,
     with_requests,
 )
-from tests.actors import Watcher
-from tests.netfaults import FreezableProxy
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import assert_no_false_positives, live_pod_sets, meta
+from tests.support.actors import Watcher
+from tests.support.netfaults import FreezableProxy
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(1500)]
 

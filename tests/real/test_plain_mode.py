@@ -22,9 +22,9 @@ from holdwarden.vocabulary import Annotations
 from rig.builders import trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from rig.localcluster.realstory import Objects, eventually, with_requests
-from tests.actors import Watcher
 from tests.real.enforcer import Enforcement, enforcement
 from tests.real.story import assert_no_false_positives, live_pod_sets, meta
+from tests.support.actors import Watcher
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 

@@ -31,9 +31,9 @@ from certs.reload import ReloadingTLS
 from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, WebhookConfig
 from rig.localcluster.ports import free_port
-from tests.review_samples import review, trainjob
+from tests.support.review_samples import review, trainjob
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

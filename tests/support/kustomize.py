@@ -1,4 +1,4 @@
-"""The manifests as the real kustomize renders them (v5.5.0, tests/tool_binaries.py).
+"""The manifests as the real kustomize renders them (v5.5.0, tests/support/tool_binaries.py).
 
 ``render(folder, components)`` is ``kustomize build`` of ``folder`` with ``components``
 added after its own, as an overlay that lists them would: a kustomization in a scratch
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from tests.tool_binaries import ensure_kustomize
+from tests.support.tool_binaries import ensure_kustomize
 
 Obj = dict[str, Any]
 

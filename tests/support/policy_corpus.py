@@ -1,6 +1,6 @@
 """A generated corpus of TrainJob and Workload writes, and the verdict the apiserver gives each.
 
-Used by tests/test_policy_parity.py to run the same writes once with only the webhook
+Used by tests/controlplane/test_policy_parity.py to run the same writes once with only the webhook
 registered and once with only the ValidatingAdmissionPolicy bound. The corpus is a pure
 function of its seed, so both runs (and every run) send exactly the same writes.
 

@@ -1,8 +1,8 @@
 """A readmission gate alone in a process, so a test can SIGKILL it (a leader that dies
 without releasing its Lease or finishing its writes).
 
-``python -m tests.readmission_gate_process KUBECONFIG USER CHECK IDENTITY`` runs a gate
-configured as ``tests.test_readmission_kube.failover_gate_config(CHECK)``,
+``python -m tests.support.readmission_gate_process KUBECONFIG USER CHECK IDENTITY`` runs a gate
+configured as ``tests.controlplane.test_readmission_kube.failover_gate_config(CHECK)``,
 impersonating USER, until killed or until stdin closes. It prints ``started`` once running.
 """
 
@@ -18,7 +18,7 @@ from readmission.controller import ReadmissionGate
 
 def main(argv: list[str]) -> int:
     kubeconfig, user, check, identity = argv
-    from tests.test_readmission_kube import failover_gate_config
+    from tests.controlplane.test_readmission_kube import failover_gate_config
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     loader: object = kube_config

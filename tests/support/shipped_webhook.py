@@ -13,7 +13,7 @@ import yaml
 
 from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION
 
-WEBHOOK_MANIFEST = Path(__file__).resolve().parent.parent / "manifests" / "webhook.yaml"
+WEBHOOK_MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "webhook.yaml"
 
 
 def shipped_webhook() -> dict[str, Any]:

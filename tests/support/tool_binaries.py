@@ -1,7 +1,7 @@
 """The CLIs the manifest tests run, Helm and kustomize, and kubectl for the real node's
 installs (tests/pods), each built once from the Go module proxy.
 
-``python -m tests.tool_binaries`` (part of ``make binaries``) builds each tool at its pinned
+``python -m tests.support.tool_binaries`` (part of ``make binaries``) builds each tool at its pinned
 version from its committed module in ``tools/<name>`` (go.mod/go.sum pin every dependency;
 ``-mod=readonly``, so the build never resolves a version on its own) into
 ``$HOLDWARDEN_CACHE``, beside kube-apiserver. ``HOLDWARDEN_HELM``, ``HOLDWARDEN_KUSTOMIZE``
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rig.localcluster.binaries import BinariesUnavailable, cache_dir, go_build
 
-TOOLS_DIR = Path(__file__).resolve().parent.parent / "tools"
+TOOLS_DIR = Path(__file__).resolve().parents[2] / "tools"
 _MODULE_FILES = ("go.mod", "go.sum", "tools.go")
 
 

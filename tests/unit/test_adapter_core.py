@@ -2,7 +2,7 @@
 
 The steps an operation yields are its whole conversation with the API server, so they can
 be checked exactly: which request comes when, what a transport failure becomes, where a
-retry pauses. Behaviour against the real API server is tests/test_adapter_kube.py's (on
+retry pauses. Behaviour against the real API server is tests/controlplane/test_adapter_kube.py's (on
 both drivers); this file pins the protocol the two drivers share.
 """
 

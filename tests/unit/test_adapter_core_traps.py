@@ -13,7 +13,7 @@ from typing import Any
 from adapter.errors import RuntimeMissing, StaleHold
 from adapter.steps import ApiStatusError, Send
 from adapter.types import CallMeta, ReleaseResult, State
-from tests.test_adapter_core import (
+from tests.unit.test_adapter_core import (
     NOW,
     REF,
     Answer,

@@ -1,7 +1,8 @@
 """adapter.preflight's pure part: what each probe's answer means, as table tests.
 
-The probes themselves run against the real API server in tests/test_adapter_preflight.py
-(and tests/test_adapter_kube.py); here every reading of an answer is pinned with no server.
+The probes themselves run against the real API server in
+tests/controlplane/test_adapter_preflight.py (and tests/controlplane/test_adapter_kube.py);
+here every reading of an answer is pinned with no server.
 """
 
 from __future__ import annotations

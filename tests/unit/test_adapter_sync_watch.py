@@ -4,7 +4,7 @@ Its reader thread and the call's thread both touch one urllib3 response; these t
 the order ``close()`` keeps so that the two never close it at once. The response here is a
 stand-in with urllib3's behaviour on that path (the reader's read fails once the socket is
 shut down, and the reader then closes the response itself); the watch against the real API
-server is tests/test_adapter_kube.py's.
+server is tests/controlplane/test_adapter_kube.py's.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The conditions in the tables are the ones Kueue v0.19.2 writes (read from its workload
 controller and jobframework reconciler; the real-controller story is
 tests/real/test_kueue_traps.py). The Trainer CRDs are the real ones: v2.3.0's from
-../shared/crds (what the rig installs), v2.2.1's vendored in tests/crds/trainer-v2.2.1.
+../shared/crds (what the rig installs), v2.2.1's vendored in tests/support/crds/trainer-v2.2.1.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from adapter.traps import KueueSettings, RuntimeName
 from adapter.types import Observation, Ref, ReleaseResult, State
 from rig.localcluster.cluster import find_crd_dir
 
-CRDS = Path(__file__).resolve().parent / "crds"
+CRDS = Path(__file__).resolve().parents[1] / "support" / "crds"
 
 
 def cond(type_: str, status: str, reason: str) -> dict[str, str]:
@@ -359,7 +359,7 @@ def _v221() -> dict[str, Any]:
 
 
 def trainjob_crd_v221() -> dict[str, Any]:
-    """The real Trainer v2.2.1 TrainJob CRD (tests/crds/trainer-v2.2.1, from its module)."""
+    """The real Trainer v2.2.1 TrainJob CRD (tests/support/crds/trainer-v2.2.1, from its module)."""
     return copy.deepcopy(_v221())
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import RuleId
-from tests.review_samples import review, trainjob
+from tests.support.review_samples import review, trainjob
 from webhook.audit import (
     FIELD_LIMITS,
     MAX_LINE_BYTES,

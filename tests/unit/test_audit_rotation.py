@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from holdwarden.config import Config, ConfigError
-from tests.audit_helpers import assert_whole_lines, record
+from tests.support.audit_helpers import assert_whole_lines, record
 from webhook.audit import (
     MAX_LINE_BYTES,
     AuditWriter,
@@ -22,7 +22,7 @@ from webhook.audit import (
     rotated_path,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_BYTES = 16 * 1024
 MAX_FILES = 3
 

@@ -1,6 +1,6 @@
 """The audit sinks' pure parts (table tests and properties) and the Events sink's queue,
 dedup, limiter and drain with an in-memory Events client (no API server: the write path
-against the real apiserver is tests/test_audit_events_e2e.py)."""
+against the real apiserver is tests/controlplane/test_audit_events_e2e.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import AuditEventsConfig, Config, ConfigError
 from holdwarden.vocabulary import RuleId, event_reason, rule_of_event_reason
-from tests.audit_helpers import record
+from tests.support.audit_helpers import record
 from webhook.audit import AuditFilter, is_audit_record, read_audit_stream
 from webhook.audit_sinks import (
     EVENT_WRITE_ATTEMPTS,
@@ -500,13 +500,13 @@ async def test_close_drains_the_queue_within_its_timeout() -> None:
 
 
 def test_the_install_guide_gives_the_tested_apiserver_audit_policy() -> None:
-    """docs/install.md repeats the audit Policy that tests/test_audit_apiserver.py runs the
-    apiserver with (from docs/explanation/audit-trail.md), word for word."""
+    """docs/install.md repeats the audit Policy that tests/controlplane/test_audit_apiserver.py
+    runs the apiserver with (from docs/explanation/audit-trail.md), word for word."""
     import re
 
-    from tests.test_audit_apiserver import documented_policy
+    from tests.controlplane.test_audit_apiserver import documented_policy
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "install.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
     blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if "kind: Policy" in b]
     assert blocks == [documented_policy()]
 
@@ -517,7 +517,7 @@ def test_serve_with_the_events_sink_and_no_credentials_says_which_and_exits(
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     command = [sys.executable, "-m", "holdwarden.cli", "serve", "--listen", "127.0.0.1:0",
                "--metrics", "127.0.0.1:0", "--cert-dir", str(tmp_path),
                "--audit-sink", "stdout", "--audit-sink", "events"]  # fmt: skip

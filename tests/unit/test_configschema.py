@@ -1,7 +1,7 @@
 """The configuration's generated descriptions are up to date: docs/configuration.md's key
 table and the chart's values.schema.json (its ``config`` part) are what
 ``python -m rig.configschema`` makes from holdwarden/config.py's Structs. Pure: no helm,
-no cluster (tests/test_chart.py runs the schema through the real Helm)."""
+no cluster (tests/controlplane/test_chart.py runs the schema through the real Helm)."""
 
 from __future__ import annotations
 

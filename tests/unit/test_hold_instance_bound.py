@@ -5,7 +5,7 @@ parser then called malformed, so the matching Release was StaleHold; and 9999999
 (above int64) was accepted because the parser only capped the length at 19 digits.
 
 Pure tests here; the end-to-end ones (nothing sent for 2^63, 2^63-1 held and released
-against the real API server) are in ``tests/test_adapter_supervisor.py``.
+against the real API server) are in ``tests/controlplane/test_adapter_supervisor.py``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("adapter", "webhook", "certs", "readmission")
 SHIPPED = (*PARTS, "holdwarden")
 TOOLING = ("rig", "tests", "bench")

@@ -26,7 +26,7 @@ from rig.localcluster.binaries import (
 from rig.localcluster.cluster import CRD_FILES, REFUSED_CRDS, accepted_crd_dir
 from rig.localcluster.matrix import CELLS, CellResult, cell_environment, read_junit, table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _ENVS = (KUBERNETES_VERSION_ENV, KUEUE_VERSION_ENV, TRAINER_VERSION_ENV)
 
 
@@ -115,7 +115,7 @@ def test_the_floor_installs_the_minimal_crd_for_each_one_it_refuses(tmp_path: Pa
         text = (folder / name).read_text()
         if name in refused:
             assert yaml.safe_load(text)["kind"] == "CustomResourceDefinition", name
-            assert text == (REPO / "tests" / "crds" / name).read_text()
+            assert text == (REPO / "tests" / "support" / "crds" / name).read_text()
         else:
             assert text == f"# upstream {name}\n"
 

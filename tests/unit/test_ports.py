@@ -54,7 +54,7 @@ def test_a_port_handed_out_here_is_not_handed_out_to_another_run() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         check=True,
     )
     assert other.stdout.strip() == "False"
@@ -64,7 +64,7 @@ def test_a_port_handed_out_here_is_not_handed_out_to_another_run() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         check=True,
     )
     assert ports._reserve(int(gone.stdout.strip()))

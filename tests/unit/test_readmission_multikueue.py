@@ -20,7 +20,7 @@ from readmission.decisions import (
     worker_blocker,
 )
 from readmission.multikueue import kubeconfig_location
-from tests.test_readmission import CHECKS, NOTES, NOW, decide, trainjob, workload
+from tests.unit.test_readmission import CHECKS, NOTES, NOW, decide, trainjob, workload
 
 
 def dispatched(**kwargs: Any) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def test_the_plot_is_drawn_from_the_benchmarks_json(tmp_path: Path) -> None:
 def test_the_shipped_figure_can_be_redrawn_from_the_shipped_json(tmp_path: Path) -> None:
     """docs/performance/scale.png is drawn from docs/performance/scale.json: the numbers in
     the docs can be checked."""
-    docs = Path(__file__).resolve().parents[1] / "docs" / "performance"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "performance"
     report = json.loads((docs / "scale.json").read_text())
     for row in report["sizes"].values():
         for verb in ("hold", "release"):

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from holdwarden.config import Config, WebhookConfig
-from tests.review_samples import review, trainjob, workload
+from tests.support.review_samples import review, trainjob, workload
 from webhook.audit import AuditWriter, read_audit
 from webhook.metrics import Metrics
 from webhook.server import State, build_app, build_metrics_app
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "admissionreview"
+SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples" / "admissionreview"
 # The captures live beside the repository (../shared), not in it; CI has them. A clone
 # without them gets one explicitly skipped case saying so, not a silent empty set.
 SAMPLE_NAMES = sorted(p.name for p in SAMPLES.glob("*.json")) or ["<no captures beside clone>"]

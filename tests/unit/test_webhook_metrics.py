@@ -82,7 +82,7 @@ async def test_the_metrics_port_logs_no_scrape(
     import logging
     import urllib.request
 
-    from tests.enforcer_tls import serving
+    from tests.support.enforcer_tls import serving
 
     async with serving(tmp_path) as served:
         with caplog.at_level(logging.DEBUG, logger="aiohttp.access"):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, Annotations
-from tests.review_samples import inflate, review, trainjob, workload
+from tests.support.review_samples import inflate, review, trainjob, workload
 from webhook.review import (
     APISERVER_MAX_JSON_DEPTH,
     MAX_READ_DEPTH,

@@ -41,7 +41,7 @@ fails naming the key when it is not one. Args: (list KEY VALUE). */}}
 SIGTERM the shutdown delay and at most the drain, and 5 s for the exit and the audit
 flush (docs/enforcer.md, "Graceful shutdown"), so that a raised shutdownDelay or
 drainTimeout never has the kubelet kill a Pod mid-drain. The fallbacks are holdwarden's
-own defaults for keys left out (tests/test_chart.py checks they agree). */}}
+own defaults for keys left out (tests/controlplane/test_chart.py checks they agree). */}}
 {{- define "holdwarden.enforcerGraceSeconds" -}}
 {{- $hook := .Values.config.webhook | default dict -}}
 {{- $delay := include "holdwarden.durationMillis" (list "config.webhook.shutdownDelay" ($hook.shutdownDelay | default "5s")) | atoi -}}
