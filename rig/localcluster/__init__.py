@@ -1,7 +1,8 @@
 """A real local control plane (etcd + kube-apiserver) for the tests and the demo."""
 
 from rig.localcluster.binaries import Binaries, BinariesUnavailable, ensure_binaries
-from rig.localcluster.cluster import ControlPlaneError, LocalCluster, running_cluster
+from rig.localcluster.cluster import LocalCluster, running_cluster
+from rig.localcluster.errors import ControlPlaneError
 from rig.localcluster.rbac import (
     EDITOR_USER,
     ENFORCER_IDENTITY,

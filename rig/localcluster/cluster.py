@@ -45,6 +45,8 @@ from kubernetes import client as k8s
 from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
 from rig.builders import DEFAULT_RUNTIME
 from rig.localcluster.binaries import Binaries, cache_dir, ensure_binaries, selected_cell
+from rig.localcluster.crds import CRD_FILES, REFUSED_CRDS
+from rig.localcluster.errors import ControlPlaneError
 from rig.localcluster.ports import free_port
 from rig.localcluster.rbac import IDENTITY_RBAC
 from rig.localcluster.reaper import OWNER_FILE, STALE_PREFIX, Reaper, sweep_stale
@@ -60,36 +62,6 @@ NODE_TOLERATION_SECONDS = 5
 
 REQUEST_TIMEOUT = timedelta(seconds=60)
 _READY_TIMEOUT_S = 60.0
-_TEMPLATE_NAMESPACE_RULE = (
-    "Trainer's CEL rule reads metadata.namespace of an embedded template, and the CEL "
-    "type of an embedded ObjectMeta has no 'namespace' before 1.31: \"undefined field "
-    "'namespace'\""
-)
-CRD_FILES = (
-    "trainer.kubeflow.org_trainjobs.yaml",
-    "trainer.kubeflow.org_trainingruntimes.yaml",
-    "trainer.kubeflow.org_clustertrainingruntimes.yaml",
-    "kueue.x-k8s.io_workloads.yaml",
-    "kueue.x-k8s.io_admissionchecks.yaml",
-    "kueue.x-k8s.io_clusterqueues.yaml",
-    "kueue.x-k8s.io_localqueues.yaml",
-    "kueue.x-k8s.io_resourceflavors.yaml",
-)
-
-# Upstream CRD files that a Kubernetes version of the version matrix refuses, and why. On
-# that version the cluster installs the project's minimal CRD (tests/support/crds) in their place
-# and says so in ``crd_kind``: the API floor runs holdwarden's own APIs on the CRDs it
-# accepts, and a full Kueue/Trainer stack cannot be installed there.
-REFUSED_CRDS: dict[str, dict[str, str]] = {
-    "v1.30.14": {
-        "trainer.kubeflow.org_clustertrainingruntimes.yaml": _TEMPLATE_NAMESPACE_RULE,
-        "trainer.kubeflow.org_trainingruntimes.yaml": _TEMPLATE_NAMESPACE_RULE,
-    },
-}
-
-
-class ControlPlaneError(RuntimeError):
-    """The local control plane could not start; the message carries the server's logs."""
 
 
 def kubeconfig_document(

@@ -68,6 +68,8 @@ from kubernetes import client as k8s
 from certs.generate import generate_client, generate_serving
 from holdwarden.vocabulary import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP
 from rig.localcluster.binaries import cache_dir, components, controller_binaries
+from rig.localcluster.crds import CRD_FILES
+from rig.localcluster.errors import ControlPlaneError
 from rig.localcluster.ports import free_port
 
 if TYPE_CHECKING:
@@ -130,13 +132,6 @@ _NAMESPACED_KINDS = {"Role", "RoleBinding", "ServiceAccount", "Secret", "ConfigM
 _PREFIXED_RESOURCES = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
 
 
-def _controlplane_error(message: str) -> Exception:
-    # Imported here: cluster.py imports this module lazily, not the other way round.
-    from rig.localcluster.cluster import ControlPlaneError
-
-    return ControlPlaneError(message)
-
-
 # -- the Go module cache (read-only upstream manifests) ---------------------------------
 
 
@@ -150,8 +145,6 @@ def upstream_crd_dir() -> Path:
         "kueue.x-k8s.io_": module_root("sigs.k8s.io/kueue", components()["kueue"].version)
         / "config" / "components" / "crd" / "bases",
     }  # fmt: skip
-    from rig.localcluster.cluster import CRD_FILES
-
     versions = "-".join(components()[name].version for name in ("kueue", "trainer"))
     target = cache_dir() / f"crds-{versions}"
     target.mkdir(parents=True, exist_ok=True)
@@ -186,7 +179,7 @@ def module_root(module: str, version: str) -> Path:
         info = {}
     folder = info.get("Dir")
     if result.returncode != 0 or not folder:
-        raise _controlplane_error(
+        raise ControlPlaneError(
             f"cannot read {module}@{version} from the Go module cache: "
             f"{info.get('Error') or result.stderr[-2000:]}"
         )
@@ -208,7 +201,7 @@ def _json_patch(doc: dict[str, Any], ops: Iterable[dict[str, Any]]) -> None:
     """RFC 6902 ``add`` and ``replace``; anything else is an error, never ignored."""
     for op in ops:
         if op.get("op") not in ("add", "replace"):
-            raise _controlplane_error(f"unsupported JSON patch operation in upstream: {op}")
+            raise ControlPlaneError(f"unsupported JSON patch operation in upstream: {op}")
         *parents, last = _pointer(op["path"])
         node: Any = doc
         for part in parents:
@@ -265,17 +258,17 @@ def _kustomize_webhooks(folder: Path) -> list[dict[str, Any]]:
                     for hook in merge.get("webhooks", []):
                         existing = _named_webhook(doc, hook["name"])
                         if existing is None:
-                            raise _controlplane_error(f"upstream patch names no webhook {hook}")
+                            raise ControlPlaneError(f"upstream patch names no webhook {hook}")
                         existing.update(copy.deepcopy(hook))
         else:
-            raise _controlplane_error(f"unsupported kustomize patch in {folder}: {patch}")
+            raise ControlPlaneError(f"unsupported kustomize patch in {folder}: {patch}")
     for replacement in kustomization.get("replacements", []):
         source = replacement["source"]
         parsed = _FIELD_PATH.match(source["fieldPath"])
         origin = next((d for d in docs if _matches(d, source)), None)
         hook = _named_webhook(origin, parsed.group(1)) if origin and parsed else None
         if parsed is None or hook is None:
-            raise _controlplane_error(f"unsupported kustomize replacement source: {source}")
+            raise ControlPlaneError(f"unsupported kustomize replacement source: {source}")
         value = hook[parsed.group(2)]
         for target in replacement["targets"]:
             for doc in docs:
@@ -284,7 +277,7 @@ def _kustomize_webhooks(folder: Path) -> list[dict[str, Any]]:
                 for path in target["fieldPaths"]:
                     wanted = _FIELD_PATH.match(path)
                     if wanted is None:
-                        raise _controlplane_error(f"unsupported kustomize field path: {path}")
+                        raise ControlPlaneError(f"unsupported kustomize field path: {path}")
                     found = _named_webhook(doc, wanted.group(1))
                     if found is not None:
                         found[wanted.group(2)] = copy.deepcopy(value)
@@ -464,7 +457,7 @@ class _Setup:
     def __init__(self, cluster: LocalCluster, names: Sequence[str]) -> None:
         unknown = sorted(set(names) - set(CONTROLLERS))
         if unknown:
-            raise _controlplane_error(f"unknown controllers {unknown}; known: {CONTROLLERS}")
+            raise ControlPlaneError(f"unknown controllers {unknown}; known: {CONTROLLERS}")
         # Trainer creates JobSets and JobSet creates Jobs: a TrainJob goes nowhere without
         # the controllers after it, so the order is fixed whatever the caller's order.
         self.names = [n for n in CONTROLLERS if n in names]
@@ -491,7 +484,7 @@ class _Setup:
     def must(self, method: str, path: str, body: Any = None, ok: Sequence[int] = ()) -> Any:
         status, data = self.request(method, path, body)
         if not (200 <= status < 300 or status in ok):
-            raise _controlplane_error(f"{method} {path} answered {status}: {data}")
+            raise ControlPlaneError(f"{method} {path} answered {status}: {data}")
         return data
 
     def create(self, doc: dict[str, Any]) -> None:
@@ -542,7 +535,7 @@ class _Setup:
             ),
         ).status
         if status is None or not status.token:
-            raise _controlplane_error(f"TokenRequest for {namespace}/{account} gave no token")
+            raise ControlPlaneError(f"TokenRequest for {namespace}/{account} gave no token")
         return self.kubeconfig(name, {"token": str(status.token)})
 
     def kubeconfig(self, name: str, user: dict[str, str]) -> Path:
@@ -579,7 +572,7 @@ class _Setup:
                     pending.discard(name)
             time.sleep(0.1)
         if pending:
-            raise _controlplane_error(f"CRDs not Established after 60s: {sorted(pending)}")
+            raise ControlPlaneError(f"CRDs not Established after 60s: {sorted(pending)}")
 
     def crds_of(self, folder: Path, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
         """The CRDs of a kustomization folder, with its conversion-webhook patches as URLs."""
@@ -896,7 +889,7 @@ class _Setup:
             for name, controller in sorted(pending.items()):
                 process = processes[name]
                 if process.poll() is not None:
-                    raise _controlplane_error(
+                    raise ControlPlaneError(
                         f"{name} exited with code {process.returncode} during start-up\n"
                         f"--- {name} log tail ---\n{controller.log_tail()}"
                     )
@@ -908,7 +901,7 @@ class _Setup:
                 tails = "\n".join(
                     f"--- {n} log tail ---\n{c.log_tail()}" for n, c in pending.items()
                 )
-                raise _controlplane_error(
+                raise ControlPlaneError(
                     f"controllers not ready after {_READY_TIMEOUT_S:.0f}s: {sorted(pending)}\n"
                     + tails
                 )
@@ -919,7 +912,7 @@ class _Setup:
         root = module_root("github.com/kubeflow/trainer/v2", components()["trainer"].version)
         (doc,) = _docs(root / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
         if doc["metadata"]["name"] != TRAINING_RUNTIME:
-            raise _controlplane_error(f"upstream runtime renamed: {doc['metadata']['name']}")
+            raise ControlPlaneError(f"upstream runtime renamed: {doc['metadata']['name']}")
         path = "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
         while True:
             status, data = self.request("POST", path, doc)
@@ -927,7 +920,7 @@ class _Setup:
                 return
             # A webhook that has just started may still refuse connections for a moment.
             if time.monotonic() > deadline:
-                raise _controlplane_error(f"creating the ClusterTrainingRuntime: {status} {data}")
+                raise ControlPlaneError(f"creating the ClusterTrainingRuntime: {status} {data}")
             time.sleep(0.5)
 
 

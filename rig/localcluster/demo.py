@@ -21,51 +21,50 @@ import argparse
 import contextlib
 import json
 import shutil
-import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client as k8s
 
 from adapter import Adapter, CallMeta
 from adapter.errors import AdapterError, PodsRemain
-from holdwarden.config import Config, ReadmissionConfig
+from holdwarden.config import Config
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from rig.builders import kueue_workload_body, trainjob_body
 from rig.localcluster import (
     EDITOR_USER,
-    GATE_IDENTITY,
     KUEUE_IDENTITY,
     SUPERVISOR_IDENTITY,
     LocalCluster,
 )
-from rig.localcluster.ports import free_port
+from rig.localcluster.demostage import (
+    DEMO_LABEL,
+    READMISSION_CHECK,
+    controllers_unrefused,
+    enforcer,
+    holdwarden_cli,
+    inject,
+    readmission_gate,
+    register_webhook,
+    say,
+    show,
+    wait_enforced,
+)
 from rig.localcluster.realstory import (
     LOCAL_QUEUE,
     PODS_REMAIN,
     Objects,
     condition,
-    controller_refusals,
     eventually,
-    make_admission_check,
     make_queues,
-    wait_until_enforced,
     with_requests,
 )
-
-DEMO_LABEL = "holdwarden-demo"
-WEBHOOK_CONFIG = "holdwarden-enforcer"
-READMISSION_CHECK = "holdwarden-readmission"
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -93,122 +92,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(handler=run_demo)
 
 
-def say(text: str) -> None:
-    print(f"\n== {text}", flush=True)
-
-
-def show(label: str, value: Any) -> None:
-    print(f"   {label}: {json.dumps(value, sort_keys=True)}", flush=True)
-
-
-def _holdwarden(*args: str) -> list[str]:
-    # The CLI is invoked as an operator would, through the installed entry point's module.
-    return [sys.executable, "-m", "holdwarden.cli", *args]
-
-
 def _deadline(seconds: float = 30) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
-
-
-@contextmanager
-def _enforcer(workdir: Path) -> Iterator[tuple[str, Path, Path]]:
-    """Generate certificates and run ``holdwarden serve`` until the block ends."""
-    cert_dir = workdir / "tls"
-    subprocess.run(
-        _holdwarden(
-            "certs", "generate", "--service", "holdwarden-webhook",
-            "--namespace", "holdwarden-system", "--ip", "127.0.0.1", "--out", str(cert_dir),
-        ),
-        check=True,
-    )  # fmt: skip
-    port, metrics_port = free_port(), free_port()
-    audit_log = workdir / "audit.jsonl"
-    config_path = workdir / "config.yaml"
-    config_path.write_text(
-        yaml.safe_dump(
-            {
-                "webhook": {
-                    "listenAddress": f"127.0.0.1:{port}",
-                    "metricsAddress": f"127.0.0.1:{metrics_port}",
-                    "certDir": str(cert_dir),
-                    "auditLog": str(audit_log),
-                }
-            }
-        )
-    )
-    log = (workdir / "serve.log").open("wb")
-    server = subprocess.Popen(
-        _holdwarden("serve", "--config", str(config_path)), stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        context = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
-        for _ in range(100):
-            try:
-                with urllib.request.urlopen(
-                    f"https://127.0.0.1:{port}/readyz", context=context, timeout=1
-                ) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                if server.poll() is not None:
-                    raise RuntimeError(
-                        "holdwarden serve exited:\n" + (workdir / "serve.log").read_text()
-                    ) from None
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("holdwarden serve did not become ready in 10s")
-        yield f"https://127.0.0.1:{port}/validate", cert_dir / "ca.crt", audit_log
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        log.close()
-
-
-def _register_webhook(api: k8s.ApiClient, url: str) -> None:
-    # A plain dict body: the client serialises it as is.
-    rule = {
-        "apiGroups": [TRAINJOB.group, WORKLOAD.group],
-        "apiVersions": [TRAINJOB.version, WORKLOAD.version],
-        "operations": ["CREATE", "UPDATE"],
-        "resources": [TRAINJOB.plural, WORKLOAD.plural],
-    }
-    body: Any = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIG},
-        "webhooks": [
-            {
-                "name": "holds.holdwarden.io",
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 5,
-                "clientConfig": {"url": url},
-                "rules": [rule],
-                "namespaceSelector": {"matchLabels": {DEMO_LABEL: "true"}},
-            }
-        ],
-    }
-    k8s.AdmissionregistrationV1Api(api).create_validating_webhook_configuration(body)
-
-
-def _inject(cluster: LocalCluster, ca_bundle: Path) -> None:
-    """``holdwarden certs inject``: the CA bundle into the webhook configuration."""
-    subprocess.run(
-        _holdwarden(
-            "certs", "inject", "--webhook-config", WEBHOOK_CONFIG,
-            "--ca-bundle", str(ca_bundle), "--kubeconfig", str(cluster.kubeconfig_path),
-        ),
-        check=True,
-    )  # fmt: skip
-
-
-def _wait_enforced(api: k8s.ApiClient, namespace: str) -> None:
-    """Wait until the API server calls the enforcer for ``namespace``: it loads the
-    webhook configuration and the injected caBundle a moment after they are written, and
-    until then a TrainJob write would fail (failurePolicy Fail)."""
-    wait_until_enforced(api, namespace)
-    print(f"   the API server calls the enforcer in {namespace}: a dry-run canary is refused")
 
 
 def _play_kueue(api: k8s.ApiClient, namespace: str, name: str) -> threading.Thread:
@@ -332,7 +217,7 @@ def _kueue_chapter(cluster: LocalCluster, namespace: str, audit_log: Path, real:
         "The audit trail (holdwarden audit): the demo's dry-run canary, preflight's dry-run "
         "probe and the refusal above"
     )
-    subprocess.run(_holdwarden("audit", "--log", str(audit_log)), check=True)
+    subprocess.run(holdwarden_cli("audit", "--log", str(audit_log)), check=True)
 
     say("Hold instance 2 supersedes 1; a late Release of instance 1 must not lift it")
     adapter.hold(ref, CallMeta(_deadline(), instance=2), reason="node-5 lost")
@@ -421,27 +306,6 @@ def _plain_chapter(cluster: LocalCluster, namespace: str, real: bool) -> None:
     _observe(adapter, ref)
 
 
-@contextmanager
-def _readmission_gate(cluster: LocalCluster) -> Iterator[str]:
-    """The readmission gate and its AdmissionCheck (name yielded), as the gate's own
-    service account. In a cluster ``holdwarden gate`` runs it (its own Deployment,
-    manifests/readmission); here it runs in the demo's process, so that it can act as
-    that identity."""
-    from readmission.controller import ReadmissionGate
-
-    config = Config(
-        readmission=ReadmissionConfig(enabled=True, interval=timedelta(milliseconds=500))
-    )
-    with cluster.api_client() as admin:
-        make_admission_check(admin, READMISSION_CHECK, config.readmission.controller_name)
-    gate = ReadmissionGate(config, cluster.api_client(GATE_IDENTITY))
-    gate.start()
-    try:
-        yield READMISSION_CHECK
-    finally:
-        gate.stop()
-
-
 def _run_lost_node() -> int:
     from rig.localcluster.demo_lostnode import NODES, lost_node_story
 
@@ -456,16 +320,6 @@ def _run_lost_node() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     say("Control plane and enforcer stopped; nothing left running")
     return 0
-
-
-def _controllers_unrefused(audit_log: Path) -> None:
-    from webhook.audit import read_audit
-
-    refused = controller_refusals(read_audit(audit_log).records)
-    if refused:
-        print(f"   !! the enforcer refused {len(refused)} writes of the real controllers")
-    else:
-        print("   the enforcer refused none of the real controllers' writes")
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -491,14 +345,14 @@ def run_demo(args: argparse.Namespace) -> int:
             )
             say("Certificates (holdwarden certs generate) and the enforcer (holdwarden serve)")
             with (
-                _enforcer(workdir) as (url, ca_bundle, audit_log),
+                enforcer(workdir) as (url, ca_bundle, audit_log),
                 cluster.api_client() as api,
-                _readmission_gate(cluster) if real else contextlib.nullcontext("") as check,
+                readmission_gate(cluster) if real else contextlib.nullcontext("") as check,
             ):
-                _register_webhook(api, url)
-                _inject(cluster, ca_bundle)
+                register_webhook(api, url)
+                inject(cluster, ca_bundle)
                 namespace = cluster.create_namespace("team-a", labels={DEMO_LABEL: "true"})
-                _wait_enforced(api, namespace)
+                wait_enforced(api, namespace)
                 if real:
                     queue = make_queues(api, namespace, admission_checks=[check])
                     print(f"   ClusterQueue {queue} admits through AdmissionCheck {check}")
@@ -506,7 +360,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 _plain_chapter(cluster, namespace, real)
                 if real:
                     say("The audit trail over the whole story")
-                    _controllers_unrefused(audit_log)
+                    controllers_unrefused(audit_log)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     say("Control plane and enforcer stopped; nothing left running")

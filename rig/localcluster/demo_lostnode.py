@@ -23,6 +23,17 @@ from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster.cluster import LocalCluster
 from rig.localcluster.controllers import CONTROLLERS
+from rig.localcluster.demostage import (
+    DEMO_LABEL,
+    controllers_unrefused,
+    enforcer,
+    inject,
+    readmission_gate,
+    register_webhook,
+    say,
+    show,
+    wait_enforced,
+)
 from rig.localcluster.nodes import ready_status, unreachable_taint
 from rig.localcluster.rbac import SUPERVISOR_IDENTITY
 from rig.localcluster.realstory import (
@@ -46,9 +57,7 @@ def _meta(instance: int | None = None) -> CallMeta:
 
 
 def lost_node_story(workdir: Path) -> None:
-    """Run the story, narrated with demo.py's ``say`` and ``show``."""
-    from rig.localcluster import demo
-
+    """Run the story, narrated with the stage's ``say`` and ``show`` (demostage.py)."""
     began = time.monotonic()
 
     def at() -> str:
@@ -61,22 +70,22 @@ def lost_node_story(workdir: Path) -> None:
             f"   ready in {cluster.startup_seconds:.1f}s: the real {', '.join(CONTROLLERS)}, "
             f"kube-scheduler and {NODES} kwok nodes ({', '.join(nodes.names)})"
         )
-        demo.say("The enforcer (holdwarden serve) and the readmission gate (holdwarden gate)")
+        say("The enforcer (holdwarden serve) and the readmission gate (holdwarden gate)")
         with (
-            demo._enforcer(workdir) as (url, _ca_bundle, audit_log),
+            enforcer(workdir) as (url, _ca_bundle, audit_log),
             cluster.api_client() as api,
-            demo._readmission_gate(cluster) as check,
+            readmission_gate(cluster) as check,
             cluster.api_client(SUPERVISOR_IDENTITY) as supervisor_api,
         ):
-            demo._register_webhook(api, url)
-            demo._inject(cluster, _ca_bundle)
-            namespace = cluster.create_namespace("team-a", labels={demo.DEMO_LABEL: "true"})
-            demo._wait_enforced(api, namespace)
+            register_webhook(api, url)
+            inject(cluster, _ca_bundle)
+            namespace = cluster.create_namespace("team-a", labels={DEMO_LABEL: "true"})
+            wait_enforced(api, namespace)
             make_queues(api, namespace, admission_checks=[check])
             objects = Objects(api, namespace, "llm-pretrain")
             adapter = Adapter(Config(mode="kueue", holder="dispatch"), supervisor_api)
 
-            demo.say("The supervisor starts TrainJob llm-pretrain on two nodes and opens it")
+            say("The supervisor starts TrainJob llm-pretrain on two nodes and opens it")
             body = with_requests(trainjob_body("llm-pretrain", namespace=namespace,
                                                queue=LOCAL_QUEUE))  # fmt: skip
             body["spec"]["trainer"]["numNodes"] = 2
@@ -89,7 +98,7 @@ def lost_node_story(workdir: Path) -> None:
                     print(f"   pod {pod.metadata.name} {pod.status.phase} on {pod.spec.node_name}")
             lost = sorted(set(running.values()))[0]
 
-            demo.say(f"Node {lost} is lost: its kubelet (kwok) dies")
+            say(f"Node {lost} is lost: its kubelet (kwok) dies")
             began = time.monotonic()
             nodes.lose(lost)
             eventually(lambda: ready_status(nodes.get(lost)) == "Unknown", "NotReady", 120)
@@ -109,7 +118,7 @@ def lost_node_story(workdir: Path) -> None:
             print(f"   {at()} the taint-eviction controller deleted its pods: Terminating, "
                   "and nothing can confirm they stopped")  # fmt: skip
 
-            demo.say("The supervisor holds the job (instance 1)")
+            say("The supervisor holds the job (instance 1)")
             adapter.hold(ref, _meta(1), f"node {lost} lost")
             eventually(objects.suspended, "Kueue suspends the TrainJob")
             eventually(
@@ -119,9 +128,9 @@ def lost_node_story(workdir: Path) -> None:
             )
             print(f"   {at()} Kueue evicted it; the pods on healthy nodes are gone")
             observed = adapter.observe(ref)
-            demo.show("observe", observed.to_dict())
+            show("observe", observed.to_dict())
 
-            demo.say("Release while the lost node's pods remain")
+            say("Release while the lost node's pods remain")
             adapter.release(ref, _meta(1))
             message = eventually(
                 lambda: objects.check_message(check, PODS_REMAIN),
@@ -138,7 +147,7 @@ def lost_node_story(workdir: Path) -> None:
                 "the readmission gate keeps the job waiting" if still
                 else "!! the job was readmitted while the lost node's pods remain"))  # fmt: skip
 
-            demo.say("The proof: the machine is confirmed off, its pods are force-deleted")
+            say("The proof: the machine is confirmed off, its pods are force-deleted")
             core = k8s.CoreV1Api(api)
             for pod in objects.pods_on(lost):
                 if pod.metadata and pod.metadata.name:
@@ -148,5 +157,5 @@ def lost_node_story(workdir: Path) -> None:
             second = eventually(lambda: objects.running_on_nodes(2), "it runs again", 180)
             print(f"   {at()} {len(second)} pods of execution 2 run on "
                   f"{', '.join(sorted(set(second.values())))}")  # fmt: skip
-            demo.show("observe", adapter.observe(ref).to_dict())
-            demo._controllers_unrefused(audit_log)
+            show("observe", adapter.observe(ref).to_dict())
+            controllers_unrefused(audit_log)

@@ -43,6 +43,8 @@ from kubernetes import client as k8s
 
 from certs.generate import generate_client
 from rig.localcluster.binaries import components, controller_binaries
+from rig.localcluster.controllers import module_root
+from rig.localcluster.errors import ControlPlaneError
 
 if TYPE_CHECKING:
     import subprocess
@@ -64,12 +66,6 @@ _STAGES = (
 _READY_TIMEOUT_S = 120.0
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 _UNSCHEDULABLE_TAINTS = ("node.kubernetes.io/not-ready", UNREACHABLE_TAINT)
-
-
-def _controlplane_error(message: str) -> Exception:
-    from rig.localcluster.cluster import ControlPlaneError
-
-    return ControlPlaneError(message)
 
 
 def ready_status(node: Any) -> str | None:
@@ -286,8 +282,6 @@ def start_scheduler(cluster: LocalCluster, binary: Path | None = None) -> None:
 
 def start_nodes(cluster: LocalCluster, count: int) -> Nodes:
     """The scheduler and ``count`` kwok nodes (``kwok-0`` ...), all Ready; see the module."""
-    from rig.localcluster.controllers import module_root
-
     binaries = controller_binaries(("kube-scheduler", "kwok"))
     kwok_root = module_root("sigs.k8s.io/kwok", components()["kwok"].version)
     stages = tuple(kwok_root / "kustomize" / "stage" / stage for stage in _STAGES)
@@ -318,7 +312,7 @@ def start_nodes(cluster: LocalCluster, count: int) -> Nodes:
                 f"--- {path.name} ---\n{path.read_text(errors='replace')[-2000:]}"
                 for path in sorted(cluster.workdir.glob("kwok-*.log"))
             )
-            raise _controlplane_error(
+            raise ControlPlaneError(
                 f"nodes not Ready and schedulable after {_READY_TIMEOUT_S:.0f}s: "
                 f"{sorted(pending)}\n{logs}"
             )

@@ -78,9 +78,10 @@ from kubernetes import client as k8s
 
 from certs.generate import generate_client
 from rig.localcluster.binaries import cache_dir, controller_binaries
+from rig.localcluster.errors import ControlPlaneError
 from rig.localcluster.hostpackages import CNI_BIN_DIR, ensure_host_packages
 from rig.localcluster.images import PAUSE_IMAGE, build_image
-from rig.localcluster.nodes import NODE_LEASE_SECONDS
+from rig.localcluster.nodes import NODE_LEASE_SECONDS, node_ready
 
 if TYPE_CHECKING:
     from rig.localcluster.cluster import LocalCluster
@@ -110,16 +111,10 @@ class _Failure(RuntimeError):
     pass
 
 
-def _controlplane_error(message: str) -> Exception:
-    from rig.localcluster.cluster import ControlPlaneError
-
-    return ControlPlaneError(message)
-
-
 def _run(command: list[str], *, check: bool = True, timeout: float = 60) -> str:
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     if check and result.returncode != 0:
-        raise _controlplane_error(
+        raise ControlPlaneError(
             f"{' '.join(command)} failed (exit {result.returncode}): "
             f"{(result.stdout + result.stderr)[-2000:]}"
         )
@@ -210,7 +205,7 @@ def create_link() -> Link:
             if not any(subnet.overlaps(network) for network in used):
                 break
         else:
-            raise _controlplane_error("no free /30 in 100.64.0.0/10 for the node's link")
+            raise ControlPlaneError("no free /30 in 100.64.0.0/10 for the node's link")
         routed = _routes_in_use()
         for _ in range(1000):
             start = int(_SERVICE_POOL.network_address) + 256 * random.randrange(
@@ -220,7 +215,7 @@ def create_link() -> Link:
             if not any(services.overlaps(network) for network in routed | used):
                 break
         else:
-            raise _controlplane_error("no free /24 in 10.96.0.0/12 for the node's Services")
+            raise ControlPlaneError("no free /24 in 10.96.0.0/12 for the node's Services")
         host, node = (str(address) for address in list(subnet.hosts())[:2])
         link = Link(netns, host_if, host, node, str(services))
         try:
@@ -471,7 +466,7 @@ class RealNode:
     def _check_alive(self) -> None:
         for name, process in self.cluster._processes:
             if name in self.pids and process.poll() is not None:
-                raise _controlplane_error(
+                raise ControlPlaneError(
                     f"{name} exited with code {process.returncode} during the node's "
                     f"start-up\n{self.log_tails()}"
                 )
@@ -483,7 +478,7 @@ class RealNode:
             if done():
                 return
             if time.monotonic() > deadline:
-                raise _controlplane_error(f"{what} not within {timeout:.0f}s\n{self.log_tails()}")
+                raise ControlPlaneError(f"{what} not within {timeout:.0f}s\n{self.log_tails()}")
             time.sleep(0.2)
 
     def _start_containerd(self) -> None:
@@ -691,8 +686,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self._spawn("kube-proxy", [str(kube_proxy), f"--config={work / 'config.yaml'}", "--v=1"])
 
     def _wait_ready(self) -> None:
-        from rig.localcluster.nodes import node_ready
-
         def ready() -> bool:
             with self.cluster.api_client() as api:
                 try:

@@ -38,7 +38,8 @@ from holdwarden.vocabulary import (
 )
 from rig.builders import kueue_workload_body, trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
-from rig.localcluster.cluster import CRD_FILES, find_crd_dir
+from rig.localcluster.cluster import find_crd_dir
+from rig.localcluster.crds import CRD_FILES
 
 pytestmark = pytest.mark.controlplane
 

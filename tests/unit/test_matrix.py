@@ -23,7 +23,8 @@ from rig.localcluster.binaries import (
     kube_apiserver_path,
     selected_cell,
 )
-from rig.localcluster.cluster import CRD_FILES, REFUSED_CRDS, accepted_crd_dir
+from rig.localcluster.cluster import accepted_crd_dir
+from rig.localcluster.crds import CRD_FILES, REFUSED_CRDS
 from rig.localcluster.matrix import CELLS, CellResult, cell_environment, read_junit, table
 
 REPO = Path(__file__).resolve().parents[2]
