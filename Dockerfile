@@ -9,6 +9,9 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# holdwarden/adapter, webhook, readmission and certs are symlinks to the folders of the same
+# names beside holdwarden/ (COPY keeps a symlink inside a folder as a symlink); the wheel
+# gets the files under holdwarden/ (docs/explanation/layout.md).
 COPY adapter/ adapter/
 COPY webhook/ webhook/
 COPY readmission/ readmission/

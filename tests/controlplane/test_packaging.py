@@ -16,6 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("adapter", "webhook", "readmission", "certs")
 _PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)")
 
 
@@ -64,8 +65,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for part in ("adapter", "webhook", "readmission", "certs", "holdwarden"):
-        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    # As COPY does: the symlinks holdwarden/adapter -> ../adapter, ... stay symlinks, and
+    # the parts' folders they point at are copied beside them.
+    for folder in (*PARTS, "holdwarden"):
+        shutil.copytree(
+            ROOT / folder,
+            source / folder,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    assert (source / "holdwarden" / "adapter").is_symlink()
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(out), str(source)],
@@ -80,15 +89,33 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 def test_the_wheel_holds_only_the_runtime_parts(wheel: zipfile.ZipFile) -> None:
     names = wheel.namelist()
     tops = {name.split("/")[0] for name in names if not name.startswith("holdwarden-")}
-    assert tops <= {"adapter", "webhook", "readmission", "certs", "holdwarden"}, tops
+    # One import namespace: no top-level adapter, webhook, certs or readmission.
+    assert tops == {"holdwarden"}, tops
     assert not [n for n in names if n.startswith(("rig/", "tests/", "bench/"))]
     # Test fixtures live in tests/ (review_samples.py, once webhook/samples.py).
     assert not [n for n in names if n.endswith("samples.py")]
-    for part in ("adapter", "webhook", "certs", "holdwarden"):
-        assert f"{part}/py.typed" in names
-    assert "holdwarden/cli/__init__.py" in names and "webhook/server.py" in names
+    assert "holdwarden/py.typed" in names
+    for part in PARTS:
+        # Every module of the part's folder, as a file under the namespace.
+        shipped = {n for n in names if n.startswith(f"holdwarden/{part}/")}
+        expected = {
+            f"holdwarden/{path.relative_to(ROOT).as_posix()}"
+            for path in (ROOT / part).rglob("*.py")
+            if "__pycache__" not in path.parts
+        }
+        assert expected <= shipped, sorted(expected - shipped)
+        assert f"holdwarden/{part}/py.typed" in names
+        assert not wheel.getinfo(f"holdwarden/{part}/__init__.py").is_dir()
+    assert "holdwarden/cli/__init__.py" in names and "holdwarden/webhook/server.py" in names
     assert "holdwarden/cli/gate.py" in names
-    assert "readmission/controller.py" in names
+    assert "holdwarden/readmission/controller.py" in names
+
+
+def test_the_console_entry_points_name_the_namespace(wheel: zipfile.ZipFile) -> None:
+    (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    lines = wheel.read(entry_points).decode().splitlines()
+    assert "holdwarden = holdwarden.cli:main" in lines
+    assert "kubectl-holdwarden = holdwarden.cli:kubectl_main" in lines
 
 
 def test_the_cli_explains_the_demo_where_it_is_not_installed() -> None:
