@@ -3,14 +3,14 @@
 ``Adapter`` does Start, Open, Hold, Release, Observe and Preflight on Kubeflow Trainer
 TrainJobs, in Kueue mode (the Workload is held) and plain mode (the TrainJob is held), as
 ``spec/holds.md`` says; ``AsyncAdapter`` is its asyncio twin. Decisions are pure
-(``adapter.decisions``); the operations are sans-I/O generators (``adapter.core``) that the
-sync driver (``adapter.kube``, the kubernetes client) and the asyncio driver
-(``adapter.aio``, aiohttp) run.
+(``holdwarden.adapter.decisions``); the operations are sans-I/O generators (``holdwarden.adapter.core``) that the
+sync driver (``holdwarden.adapter.kube``, the kubernetes client) and the asyncio driver
+(``holdwarden.adapter.aio``, aiohttp) run.
 """
 
-from adapter.aio import AsyncAdapter
-from adapter.kube import Adapter
-from adapter.types import (
+from holdwarden.adapter.aio import AsyncAdapter
+from holdwarden.adapter.kube import Adapter
+from holdwarden.adapter.types import (
     CallMeta,
     Capability,
     Observation,

@@ -1,7 +1,7 @@
-"""The asyncio adapter: ``adapter.core``'s operations driven over aiohttp.
+"""The asyncio adapter: ``holdwarden.adapter.core``'s operations driven over aiohttp.
 
 ``AsyncAdapter`` has the sync ``Adapter``'s contract exactly (the same operations, decisions,
-deadline checks, retries, error classes and messages: they are ``adapter.core``'s), with
+deadline checks, retries, error classes and messages: they are ``holdwarden.adapter.core``'s), with
 ``async`` methods. Only the transport differs: an ``aiohttp.ClientSession`` of the adapter's
 own, built from a copy of a ``kubernetes.client`` configuration (so kubeconfig, in-cluster
 config, client certificates, bearer tokens and their refresh hook, and impersonation
@@ -38,8 +38,9 @@ import aiohttp
 import msgspec
 from kubernetes import client as k8s
 
-from adapter.core import AdapterCore, Clock
-from adapter.steps import (
+from holdwarden import kubeclient
+from holdwarden.adapter.core import AdapterCore, Clock
+from holdwarden.adapter.steps import (
     ApiStatusError,
     BeforeRequest,
     ConnectionLost,
@@ -56,8 +57,7 @@ from adapter.steps import (
     WatchFeed,
     WatchView,
 )
-from adapter.types import CallMeta, Observation, PreflightResult, Ref, ReleaseResult
-from holdwarden import kubeclient
+from holdwarden.adapter.types import CallMeta, Observation, PreflightResult, Ref, ReleaseResult
 from holdwarden.config import Config
 
 T = TypeVar("T")

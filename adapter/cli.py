@@ -19,8 +19,9 @@ from typing import Any, Literal
 
 import yaml
 
-from adapter import traps
-from adapter.errors import (
+from holdwarden import kubeclient
+from holdwarden.adapter import traps
+from holdwarden.adapter.errors import (
     AdapterError,
     DeadlinePassed,
     NotFound,
@@ -30,10 +31,9 @@ from adapter.errors import (
     Unreachable,
     Unsupported,
 )
-from adapter.kube import Adapter
-from adapter.preflight import TRAP_CAPABILITIES
-from adapter.types import CallMeta, Observation, PreflightResult, Ref
-from holdwarden import kubeclient
+from holdwarden.adapter.kube import Adapter
+from holdwarden.adapter.preflight import TRAP_CAPABILITIES
+from holdwarden.adapter.types import CallMeta, Observation, PreflightResult, Ref
 from holdwarden.config import Config, ConfigError, parse_duration
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, check_hold_instance
 

@@ -1,18 +1,18 @@
 """The adapter's operations with no I/O in them: the part the sync and asyncio adapters share.
 
 Each operation (Start, Open, Hold, Release, Observe, Preflight) is a generator. It yields
-*steps* (``adapter.steps``: send a request, send several at once, pause, open a watch, wait
+*steps* (``holdwarden.adapter.steps``: send a request, send several at once, pause, open a watch, wait
 for its next change) and is resumed with their results. Preflight's probes are their own
-module (``adapter.preflight``); the core caches their result and decides when they run.
+module (``holdwarden.adapter.preflight``); the core caches their result and decides when they run.
 
-A driver (``adapter.kube.Adapter`` on the kubernetes client, ``adapter.aio.AsyncAdapter``
+A driver (``holdwarden.adapter.kube.Adapter`` on the kubernetes client, ``holdwarden.adapter.aio.AsyncAdapter``
 on aiohttp) only runs steps: it decides nothing and maps no error. So the deadline checks,
 the request timeouts, the retry loop, the error classes and their messages, the caches and
 the request log exist once, here, for both.
 
 Invariants kept here (the spec's and issue 11's):
 
-- Every write is a merge PATCH of only what the decision changed (``adapter.patches``),
+- Every write is a merge PATCH of only what the decision changed (``holdwarden.adapter.patches``),
   carrying the read's ``metadata.resourceVersion``: the API server refuses it (409) if
   anything changed since, exactly as it would a PUT of the object as read.
 - For a hold-family call, the deadline is checked immediately before every request (a
@@ -39,9 +39,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import quote
 
-from adapter import decisions, patches, traps
-from adapter.decisions import Decision, Obj, Outcome
-from adapter.errors import (
+from holdwarden import objects
+from holdwarden.adapter import decisions, patches, traps
+from holdwarden.adapter.decisions import Decision, Obj, Outcome
+from holdwarden.adapter.errors import (
     AdapterError,
     Conflict,
     DeadlinePassed,
@@ -54,8 +55,8 @@ from adapter.errors import (
     Unreachable,
     Unsupported,
 )
-from adapter.preflight import Preflight
-from adapter.steps import (
+from holdwarden.adapter.preflight import Preflight
+from holdwarden.adapter.steps import (
     FIELD_MANAGER,
     ApiStatusError,
     BeforeRequest,
@@ -78,8 +79,7 @@ from adapter.steps import (
     error_for,
     no_request,
 )
-from adapter.types import CallMeta, Observation, PreflightResult, Ref, ReleaseResult
-from holdwarden import objects
+from holdwarden.adapter.types import CallMeta, Observation, PreflightResult, Ref, ReleaseResult
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     JOBSET_NAME_LABEL,

@@ -35,8 +35,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from adapter.types import Capability, Observation, Ref, State
 from holdwarden import objects
+from holdwarden.adapter.types import Capability, Observation, Ref, State
 from holdwarden.vocabulary import (
     DEACTIVATION_TARGET_CONDITION,
     EVICTED_CONDITION,

@@ -1,6 +1,6 @@
 """Preflight: what the adapter can do in a namespace, probed with no I/O of its own.
 
-``Preflight`` runs the probes as operations (``adapter.steps``): each yields its requests
+``Preflight`` runs the probes as operations (``holdwarden.adapter.steps``): each yields its requests
 through the core's ``send`` (so every probe gets the same hook, deadline check, timeout,
 request log and transport errors as the adapter's calls) and returns a typed result. What
 an answer means is decided by the pure functions below the class, each with its table
@@ -19,7 +19,7 @@ The capabilities (docs/reference/adapter-api.md, "Preflight"):
 - ``extra``: ``readmissionGate`` and ``multiKueue`` (Kueue mode, ``GateProbe``),
   ``holdOwnership`` (``ownership_capability``) and ``kueueWithoutQueueName``
   (``queueless_capability``). Reported, not conditions of Hold.
-- The traps (issue 29; decided in ``adapter.traps``): ``trainerManagedBy`` (Kueue mode, a
+- The traps (issue 29; decided in ``holdwarden.adapter.traps``): ``trainerManagedBy`` (Kueue mode, a
   condition of Hold: MultiKueue in use and a Trainer that ignores ``spec.managedBy``), and
   in ``extra``, reported: ``trainJobRuntimes`` (a TrainJob naming a runtime that is gone),
   ``kueueForceDelete`` (pods Kueue may force-delete) and, in Kueue mode,
@@ -38,9 +38,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from adapter import decisions, traps
-from adapter.decisions import Obj
-from adapter.steps import (
+from holdwarden import objects
+from holdwarden.adapter import decisions, traps
+from holdwarden.adapter.decisions import Obj
+from holdwarden.adapter.steps import (
     FIELD_MANAGER,
     WRITE_VERB,
     ApiStatusError,
@@ -50,8 +51,7 @@ from adapter.steps import (
     api_message,
     custom_path,
 )
-from adapter.types import Capability, PreflightResult
-from holdwarden import objects
+from holdwarden.adapter.types import Capability, PreflightResult
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,

@@ -2,7 +2,7 @@
 
 No I/O here: each function takes what was read (objects as the API server sent them, the
 text of a ConfigMap, a refusal's status and message) and says what it means. Preflight
-(``adapter.preflight``) and the core (``adapter.core``: Observe, Release, every write of a
+(``holdwarden.adapter.preflight``) and the core (``holdwarden.adapter.core``: Observe, Release, every write of a
 TrainJob) ask the questions; these answer them. docs/explanation/traps.md tells the story.
 
 1. Kueue up to v0.19 does not requeue a Workload reactivated after Kueue's *own*
@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from adapter.types import Capability
 from holdwarden import objects
+from holdwarden.adapter.types import Capability
 from holdwarden.vocabulary import (
     CLUSTERTRAININGRUNTIME,
     DEACTIVATION_TARGET_CONDITION,

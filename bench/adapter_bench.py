@@ -45,8 +45,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from adapter import Adapter, AsyncAdapter, CallMeta, Config, Ref
-from adapter.errors import AdapterError
+from holdwarden.adapter import Adapter, AsyncAdapter, CallMeta, Config, Ref
+from holdwarden.adapter.errors import AdapterError
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Resource
 from rig.builders import kueue_workload_body, trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster

@@ -53,7 +53,7 @@ OPEN_CONCURRENCY = 50
 
 
 def serve(cert_dir: Path, work: Path) -> None:
-    from certs.reload import ReloadingTLS
+    from holdwarden.certs.reload import ReloadingTLS
     from holdwarden.cli.enforcer import EnforcerServer
     from holdwarden.cli.logs import configure_logging
     from holdwarden.config import Config, WebhookConfig

@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes import client as k8s  # noqa: E402
 
-from adapter import CallMeta, Config, Ref  # noqa: E402
-from adapter.aio import AsyncAdapter  # noqa: E402
+from holdwarden.adapter import CallMeta, Config, Ref  # noqa: E402
+from holdwarden.adapter.aio import AsyncAdapter  # noqa: E402
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations  # noqa: E402
 from rig.builders import kueue_workload_body, trainjob_body, workload_body  # noqa: E402
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster  # noqa: E402
@@ -229,7 +229,7 @@ import json, sys, time
 from datetime import timedelta
 from kubernetes import client as k8s
 from holdwarden.config import Config, ReadmissionConfig
-from readmission.controller import ReadmissionGate
+from holdwarden.readmission.controller import ReadmissionGate
 server, workdir, user, controller = sys.argv[1:5]
 configuration = k8s.Configuration()
 configuration.host = server

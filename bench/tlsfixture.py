@@ -3,7 +3,7 @@
 Every bench script that starts an ``EnforcerServer`` (or the floor server beside it) on
 127.0.0.1 needs the same thing: a throwaway CA, a serving certificate it signs, the files
 in a cert dir, and a client that verifies the server against that CA. The certificates
-come from ``certs.generate`` and the files are written by ``certs.bundle``, as the shipped
+come from ``holdwarden.certs.generate`` and the files are written by ``holdwarden.certs.bundle``, as the shipped
 code makes and writes them.
 """
 
@@ -13,8 +13,8 @@ import ssl
 from collections.abc import Sequence
 from pathlib import Path
 
-from certs.bundle import CA_BUNDLE, CERT_MODE, atomic_write, write_serving
-from certs.generate import generate_ca, generate_serving
+from holdwarden.certs.bundle import CA_BUNDLE, CERT_MODE, atomic_write, write_serving
+from holdwarden.certs.generate import generate_ca, generate_serving
 
 SERVICE = "holdwarden"
 
@@ -30,8 +30,8 @@ def write_serving_tls(
     On return (``directory`` is created if missing):
 
     - ``directory`` holds ``tls.crt`` and ``tls.key`` (the serving certificate and its key,
-      as ``certs.reload.ReloadingTLS`` reads them) and ``ca.crt`` (the CA certificate
-      alone); each is written whole (``certs.bundle.atomic_write``), the key mode 0600.
+      as ``holdwarden.certs.reload.ReloadingTLS`` reads them) and ``ca.crt`` (the CA certificate
+      alone); each is written whole (``holdwarden.certs.bundle.atomic_write``), the key mode 0600.
       The CA key is not written: nothing signs again.
     - The serving certificate names Service ``holdwarden`` in ``namespace`` and each of
       ``ip_addresses``, so a client may connect to ``127.0.0.1`` with

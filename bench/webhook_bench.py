@@ -51,9 +51,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.tlsfixture import write_serving_tls  # noqa: E402
 from holdwarden.config import Config  # noqa: E402
+from holdwarden.webhook.review import parse_review  # noqa: E402
+from holdwarden.webhook.rules import RulesConfig, evaluate  # noqa: E402
 from tests.support.review_samples import inflate, review, trainjob, workload  # noqa: E402
-from webhook.review import parse_review  # noqa: E402
-from webhook.rules import RulesConfig, evaluate  # noqa: E402
 
 CONNECTIONS = 32
 
@@ -125,7 +125,7 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
 
     from aiohttp import web
 
-    from certs.reload import ReloadingTLS
+    from holdwarden.certs.reload import ReloadingTLS
     from holdwarden.cli.enforcer import EnforcerServer
     from holdwarden.cli.logs import configure_logging
     from holdwarden.config import WebhookConfig
@@ -136,7 +136,7 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
             if role == "enforcer-narrow":
                 # The enforcer as it was before wide reads: every read READ_BUFFER, whatever
                 # the body (bench/large_review_bench.py runs it beside the shipped one).
-                from webhook import connections
+                from holdwarden.webhook import connections
 
                 connections.WIDE_READ_BUFFER = connections.READ_BUFFER
             logging.getLogger().handlers.clear()

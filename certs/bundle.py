@@ -24,7 +24,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certs.generate import KeyPair
+from holdwarden.certs.generate import KeyPair
 
 CA_BUNDLE = "ca.crt"
 CA_KEY = "ca.key"
@@ -73,7 +73,7 @@ def write_serving(directory: str | Path, serving: KeyPair) -> None:
     """Replace ``tls.key`` then ``tls.crt`` (each atomically).
 
     Between the two replacements a reader sees a new key with the old certificate; a
-    reloading server must (and ``certs.reload`` does) check the pair before using it.
+    reloading server must (and ``holdwarden.certs.reload`` does) check the pair before using it.
     """
     path = Path(directory)
     atomic_write(path / TLS_KEY, serving.key_pem, KEY_MODE)

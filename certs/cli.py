@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 
-from certs.bundle import (
+from holdwarden.certs.bundle import (
     CA_BUNDLE,
     CA_KEY,
     TLS_CERT,
@@ -26,7 +26,7 @@ from certs.bundle import (
     parse_bundle,
     write_cert_dir,
 )
-from certs.generate import (
+from holdwarden.certs.generate import (
     DEFAULT_CA_VALIDITY,
     DEFAULT_LEAF_VALIDITY,
     fingerprint,
@@ -35,7 +35,7 @@ from certs.generate import (
 )
 
 if TYPE_CHECKING:
-    from certs.enforcing import Verifier
+    from holdwarden.certs.enforcing import Verifier
 
 DEFAULT_WEBHOOK_CONFIG = "holdwarden-enforcer"
 DEFAULT_SERVICE = "holdwarden"
@@ -281,8 +281,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _inject(args: argparse.Namespace) -> int:
     from kubernetes.config.config_exception import ConfigException
 
-    from certs.inject import InjectError, inject_ca_bundle
     from holdwarden import kubeclient
+    from holdwarden.certs.inject import InjectError, inject_ca_bundle
 
     try:
         bundle = Path(args.ca_bundle).read_bytes()
@@ -322,8 +322,8 @@ def _enforce(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
-    from certs.enforcing import reconcile
     from holdwarden import kubeclient
+    from holdwarden.certs.enforcing import reconcile
     from holdwarden.config import Config
 
     config = Config.from_file(args.config) if args.config else Config()
@@ -357,7 +357,7 @@ def _enforce(args: argparse.Namespace) -> int:
 
 
 def _rotate(args: argparse.Namespace) -> int:
-    from certs.rotate import renew_serving, rotate_ca
+    from holdwarden.certs.rotate import renew_serving, rotate_ca
 
     # Check the serving flags before the CA changes, so a typo changes nothing.
     generate_serving(
@@ -394,7 +394,7 @@ def _rotate(args: argparse.Namespace) -> int:
 
 
 def _renew(args: argparse.Namespace) -> int:
-    from certs.rotate import renew_serving
+    from holdwarden.certs.rotate import renew_serving
 
     serving = renew_serving(
         args.dir,
@@ -409,7 +409,7 @@ def _renew(args: argparse.Namespace) -> int:
 
 
 def _prune(args: argparse.Namespace) -> int:
-    from certs.rotate import prune
+    from holdwarden.certs.rotate import prune
 
     dropped = prune(args.dir)
     for cert in dropped:

@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.bundle import parse_bundle
+from holdwarden.certs.bundle import parse_bundle
 
 MAX_ATTEMPTS = 5
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certs.generate import fingerprint
+from holdwarden.certs.generate import fingerprint
 
 log = logging.getLogger("holdwarden.certs.reload")
 

@@ -28,7 +28,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from certs.bundle import (
+from holdwarden.certs.bundle import (
     CA_BUNDLE,
     CA_KEY,
     CERT_MODE,
@@ -39,7 +39,7 @@ from certs.bundle import (
     load_cert_dir,
     write_serving,
 )
-from certs.generate import (
+from holdwarden.certs.generate import (
     DEFAULT_BACKDATE,
     DEFAULT_CA_COMMON_NAME,
     DEFAULT_CA_VALIDITY,

@@ -6,7 +6,7 @@
 ``secretName`` and the ValidatingWebhookConfiguration ``webhookConfiguration``, serves
 the Secret's ``tls.crt``/``tls.key`` from memory (no file, no volume), and is ready only
 while that certificate is signed by a CA in the caBundle the configuration carries.
-The replica holding Lease ``leaseName`` also writes: it asks ``certs.plan.decide`` for
+The replica holding Lease ``leaseName`` also writes: it asks ``holdwarden.certs.plan.decide`` for
 the next step and does it (create the Secret, rotate the CA, inject the bundle, renew the
 serving certificate, prune old CAs), re-reading after each write.
 
@@ -25,7 +25,7 @@ Invariants:
     an error, only cancellation stops it (and releases the Lease);
   - a Secret whose contents are wrong is never overwritten: the error names the Secret
     and the key, pods keep serving what they have, readiness says why;
-  - the served pair is checked (``certs.reload.check_pair``) before the live context
+  - the served pair is checked (``holdwarden.certs.reload.check_pair``) before the live context
     gets it, on the event loop thread.
 """
 
@@ -46,8 +46,8 @@ from cryptography.exceptions import InvalidSignature
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs import enforcing, plan
-from certs.bundle import (
+from holdwarden.certs import enforcing, plan
+from holdwarden.certs.bundle import (
     CA_BUNDLE,
     CA_KEY,
     TLS_CERT,
@@ -57,10 +57,16 @@ from certs.bundle import (
     encode_bundle,
     parse_bundle,
 )
-from certs.generate import DEFAULT_BACKDATE, KeyPair, fingerprint, generate_ca, generate_serving
-from certs.inject import InjectError, inject_ca_bundle
-from certs.reload import ReloadError, _new_context, check_pair, install_pair
-from certs.rotate import bundle_with_new_ca
+from holdwarden.certs.generate import (
+    DEFAULT_BACKDATE,
+    KeyPair,
+    fingerprint,
+    generate_ca,
+    generate_serving,
+)
+from holdwarden.certs.inject import InjectError, inject_ca_bundle
+from holdwarden.certs.reload import ReloadError, _new_context, check_pair, install_pair
+from holdwarden.certs.rotate import bundle_with_new_ca
 from holdwarden.config import CertificatesConfig, Config
 from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespace
 
@@ -168,7 +174,7 @@ def view_of(
             serving=plan.Serving(
                 issuer="" if issuer is None else fingerprint(issuer),
                 # The leader backdates by exactly DEFAULT_BACKDATE (the CA's notBefore is
-                # backdated as much, so the clamp in certs.generate never applies).
+                # backdated as much, so the clamp in holdwarden.certs.generate never applies).
                 issued_at=cert.not_valid_before_utc + DEFAULT_BACKDATE,
                 not_after=cert.not_valid_after_utc,
                 names=names_of(cert),
@@ -179,7 +185,7 @@ def view_of(
 
 
 class SelfManagedTLS:
-    """A TLS source (``webhook.server.TLSSource``, served by ``holdwarden serve``) fed from
+    """A TLS source (``holdwarden.webhook.server.TLSSource``, served by ``holdwarden serve``) fed from
     the Secret, and, on the Lease holder, the writer of that Secret and of the caBundle."""
 
     def __init__(

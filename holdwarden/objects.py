@@ -453,7 +453,7 @@ def annotated(
 
     Why shallow: a write changes only annotations and top-level ``spec`` fields, and
     copying status and managedFields (most of an object) would be work done between the
-    read and the write for nothing (``adapter.patches`` relies on the sharing too).
+    read and the write for nothing (``holdwarden.adapter.patches`` relies on the sharing too).
     """
     body = dict(obj)
     meta = body["metadata"] = dict(section(obj, "metadata"))

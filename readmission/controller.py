@@ -1,12 +1,12 @@
 """The readmission gate's I/O: an AdmissionCheck controller run by ``holdwarden gate``.
 
-Shape (client-go's): four informers (``readmission.informer``) keep watch caches of the
+Shape (client-go's): four informers (``holdwarden.readmission.informer``) keep watch caches of the
 AdmissionChecks, the Workloads, the TrainJobs and the pods labelled
 ``jobset.sigs.k8s.io/jobset-name`` (the only pods the gate counts; slimmed to their
 metadata), all cluster-wide. Every change enqueues the keys it can affect, a Workload's
 own key, or, for a TrainJob or a pod, the keys of the Workloads that TrainJob controls,
-in a deduplicating, rate-limited work queue (``readmission.workqueue``). One worker decides each
-key with ``readmission.decisions.decide_readmission``; every ``readmission.interval`` a
+in a deduplicating, rate-limited work queue (``holdwarden.readmission.workqueue``). One worker decides each
+key with ``holdwarden.readmission.decisions.decide_readmission``; every ``readmission.interval`` a
 resync enqueues every gated Workload again (from the cache, no request) as a safety net.
 
 Invariants kept:
@@ -47,6 +47,17 @@ from prometheus_client import CollectorRegistry
 from holdwarden import objects
 from holdwarden.config import Config
 from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespace
+from holdwarden.readmission.decisions import (
+    GateAction,
+    GateDecision,
+    WorkerCount,
+    decide_readmission,
+    worker_blocker,
+)
+from holdwarden.readmission.informer import Informer, Obj, Store, object_key
+from holdwarden.readmission.metrics import GateMetrics, StallTracker
+from holdwarden.readmission.multikueue import WorkerClusters
+from holdwarden.readmission.workqueue import WorkQueue
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,
     JOBSET_NAME_LABEL,
@@ -54,17 +65,6 @@ from holdwarden.vocabulary import (
     WORKLOAD,
     Annotations,
 )
-from readmission.decisions import (
-    GateAction,
-    GateDecision,
-    WorkerCount,
-    decide_readmission,
-    worker_blocker,
-)
-from readmission.informer import Informer, Obj, Store, object_key
-from readmission.metrics import GateMetrics, StallTracker
-from readmission.multikueue import WorkerClusters
-from readmission.workqueue import WorkQueue
 
 log = logging.getLogger("holdwarden.readmission")
 

@@ -41,13 +41,13 @@ from kubernetes.config.kube_config import KubeConfigLoader
 
 from holdwarden import objects
 from holdwarden.kubeclient import embedded_to_memory
+from holdwarden.readmission.decisions import WorkerCount
 from holdwarden.vocabulary import (
     JOBSET_NAME_LABEL,
     MULTIKUEUE_KUBECONFIG_KEY,
     MULTIKUEUECLUSTER,
     TRAINJOB,
 )
-from readmission.decisions import WorkerCount
 
 log = logging.getLogger("holdwarden.readmission.multikueue")
 

@@ -63,8 +63,8 @@ import msgspec
 from holdwarden import objects
 
 if TYPE_CHECKING:
-    from webhook.review import Review
-    from webhook.rules import Violation
+    from holdwarden.webhook.review import Review
+    from holdwarden.webhook.rules import Violation
 
 log = logging.getLogger("holdwarden.webhook.audit")
 

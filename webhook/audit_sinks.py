@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector
 
 from holdwarden.config import AUDIT_SINKS, AuditEventsConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, event_reason, rule_of_event_reason
-from webhook.audit import bounded_line, rfc3339
+from holdwarden.webhook.audit import bounded_line, rfc3339
 
 log = logging.getLogger("holdwarden.webhook.audit")
 

@@ -110,7 +110,7 @@ def _cell(value: object) -> str:
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    from webhook.audit import AuditFilter, read_audit, read_audit_stream
+    from holdwarden.webhook.audit import AuditFilter, read_audit, read_audit_stream
 
     try:
         config = _load_config(args.config)
@@ -189,7 +189,7 @@ def _audit_from_cluster(args: argparse.Namespace, config: Config, wanted: Any) -
     from kubernetes.client.exceptions import ApiException
 
     from holdwarden import kubeclient
-    from webhook.audit_sinks import EventLabels, read_cluster_events
+    from holdwarden.webhook.audit_sinks import EventLabels, read_cluster_events
 
     try:
         api = kubeclient.api_client(args.kubeconfig, args.context)

@@ -66,7 +66,7 @@ CONNECTIONS_CLOSED = "holdwarden_webhook_connections_closed"
 
 
 class AuditHealth(Protocol):
-    """What the metrics read from ``webhook.audit.AuditWriter`` at scrape time."""
+    """What the metrics read from ``holdwarden.webhook.audit.AuditWriter`` at scrape time."""
 
     writable: bool
     failed_writes: int

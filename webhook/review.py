@@ -23,7 +23,7 @@ from typing import Any, Final, Union, get_args, get_origin
 import ijson
 import msgspec
 
-from webhook.rules import Change, Violation
+from holdwarden.webhook.rules import Change, Violation
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"

@@ -217,7 +217,7 @@ SHOWN_LIMIT = 64
 def shown(value: str) -> str:
     """A value as a message shows it: at most SHOWN_LIMIT characters (then "..."), with
     backslashes, line breaks and tabs escaped, so one refusal stays one line. The policy
-    twin spells it the same way in CEL (webhook.policy._shown), so both say the same."""
+    twin spells it the same way in CEL (holdwarden.webhook.policy._shown), so both say the same."""
     clipped = value[:SHOWN_LIMIT] + "..." if len(value) > SHOWN_LIMIT else value
     return (
         clipped.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")

@@ -1,4 +1,4 @@
-"""``python -m webhook.selftest``: send the enforcer one review it must refuse.
+"""``python -m holdwarden.webhook.selftest``: send the enforcer one review it must refuse.
 
 The chart's ``helm test`` Pod runs it (charts/holdwarden/templates/tests/review.yaml): one
 AdmissionReview over HTTPS, a dry-run UPDATE of a held TrainJob that unsuspends it, which
@@ -95,7 +95,7 @@ def send(url: str, ca_file: str, prefix: str, timeout: float) -> tuple[bool, str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m webhook.selftest",
+        prog="python -m holdwarden.webhook.selftest",
         description="Send the enforcer one hold-breaking review; exit 0 if it refuses it.",
     )
     parser.add_argument("--url", required=True, help="e.g. https://holdwarden.NS.svc/validate")

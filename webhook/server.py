@@ -36,13 +36,13 @@ from aiohttp import HttpVersion11, web
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import KUEUE_NAMESPACE_PATH, TRAINJOB, WORKLOAD
-from webhook.audit import AuditWriter, audit_record
-from webhook.connections import (
+from holdwarden.webhook.audit import AuditWriter, audit_record
+from holdwarden.webhook.connections import (
     BodyBudget,
     ConnectionGuard,
 )
-from webhook.metrics import CONTENT_TYPE, Metrics
-from webhook.review import (
+from holdwarden.webhook.metrics import CONTENT_TYPE, Metrics
+from holdwarden.webhook.review import (
     BadReview,
     Review,
     allow_bytes,
@@ -51,7 +51,7 @@ from webhook.review import (
     internal_error,
     parse_review,
 )
-from webhook.rules import RulesConfig, Violation, evaluate, skip_reason
+from holdwarden.webhook.rules import RulesConfig, Violation, evaluate, skip_reason
 
 log = logging.getLogger("holdwarden.webhook")
 
@@ -71,8 +71,8 @@ class RecordSink(Protocol):
 
 
 class TLSSource(Protocol):
-    """What the serving process needs of its certificates (``certs.reload.ReloadingTLS``,
-    ``certs.selfmanaged.SelfManagedTLS``)."""
+    """What the serving process needs of its certificates (``holdwarden.certs.reload.ReloadingTLS``,
+    ``holdwarden.certs.selfmanaged.SelfManagedTLS``)."""
 
     @property
     def ssl_context(self) -> ssl.SSLContext: ...

@@ -7,7 +7,7 @@ holdwarden/cli/gate.py, gateserver.py), and hands one part what it needs of anot
 (``certs`` verifies the enforcer with the adapter's preflight probe, given from here).
 A part's own one-shot sub-commands live beside the part (``register(subparsers)``).
 Exit codes: 0 success, 2 usage or configuration error, and for adapter calls the error's
-``exit_code`` (see ``adapter.errors``).
+``exit_code`` (see ``holdwarden.adapter.errors``).
 
 The same program is the kubectl plugin ``kubectl-holdwarden`` (``kubectl holdwarden ...``:
 kubectl runs any ``kubectl-NAME`` on PATH), and ``holdwarden completion bash|zsh|tcsh``
@@ -72,10 +72,10 @@ def _print_completion(args: argparse.Namespace) -> int:
 def build_parser(prog: str = "holdwarden") -> argparse.ArgumentParser:
     # Imported here so that `holdwarden --help` names every part's sub-commands while each
     # part keeps its CLI beside its code.
-    from adapter import cli as adapter_cli
-    from certs import cli as certs_cli
+    from holdwarden.adapter import cli as adapter_cli
+    from holdwarden.certs import cli as certs_cli
     from holdwarden.cli import gate, serve
-    from webhook import cli as webhook_cli
+    from holdwarden.webhook import cli as webhook_cli
 
     demo: Any
     try:

@@ -17,9 +17,15 @@ from aiohttp import web
 from holdwarden.cli.serve import verify_enforcer
 from holdwarden.cli.stopping import stop_waiter
 from holdwarden.config import Config, split_address
-from webhook.audit import AuditWriter
-from webhook.audit_sinks import EventsClient, EventsSink, KubeEvents, SinkMetrics, StdoutSink
-from webhook.connections import (
+from holdwarden.webhook.audit import AuditWriter
+from holdwarden.webhook.audit_sinks import (
+    EventsClient,
+    EventsSink,
+    KubeEvents,
+    SinkMetrics,
+    StdoutSink,
+)
+from holdwarden.webhook.connections import (
     LINGERING_TIME,
     MAX_FIELD_SIZE,
     MAX_HEADERS,
@@ -30,8 +36,8 @@ from webhook.connections import (
     Limits,
     harden_tls,
 )
-from webhook.metrics import Metrics
-from webhook.server import RecordSink, State, TLSSource, build_app, build_metrics_app
+from holdwarden.webhook.metrics import Metrics
+from holdwarden.webhook.server import RecordSink, State, TLSSource, build_app, build_metrics_app
 
 log = logging.getLogger("holdwarden.webhook")
 
@@ -51,7 +57,7 @@ TLS_STOP_SECONDS = 2.0
 def load_tls(config: Config) -> TLSSource:
     if config.webhook.certificates.mode == "self-managed":
         # The Secret and the caBundle, through the API (certs/selfmanaged.py).
-        from certs.selfmanaged import SelfManagedTLS
+        from holdwarden.certs.selfmanaged import SelfManagedTLS
         from holdwarden.kubeclient import KubeconfigError, api_client
 
         try:
@@ -60,7 +66,7 @@ def load_tls(config: Config) -> TLSSource:
             # An OSError, so `holdwarden serve` reports it and exits 1 like a bad port.
             raise OSError(f"self-managed certificates need API credentials: {exc}") from exc
         return SelfManagedTLS(config, client, verify=verify_enforcer)
-    from certs.reload import ReloadingTLS
+    from holdwarden.certs.reload import ReloadingTLS
 
     cert_dir = config.webhook.cert_dir
     tls: TLSSource = ReloadingTLS(cert_dir / "tls.crt", cert_dir / "tls.key")

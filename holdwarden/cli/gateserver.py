@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from holdwarden.cli.stopping import stop_waiter
 from holdwarden.config import Config, split_address
-from readmission.controller import ReadmissionGate
+from holdwarden.readmission.controller import ReadmissionGate
 
 log = logging.getLogger("holdwarden.readmission")
 

@@ -36,7 +36,7 @@ def verify_enforcer(config: Config, api: k8s.ApiClient, namespace: str) -> tuple
     must refuse by its rule; adapter/preflight.py), in ``namespace``. (True, why) or (False,
     why). Handed to certs/enforcing.py, so that certs/ does not import the adapter.
     """
-    from adapter.kube import Adapter  # loaded only to verify
+    from holdwarden.adapter.kube import Adapter  # loaded only to verify
 
     with Adapter(config, api) as adapter:
         found = adapter.preflight(namespace).enforcer_installed

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes import client as k8s
 
-from certs.generate import KeyPair, generate_ca, generate_client, generate_serving
+from holdwarden.certs.generate import KeyPair, generate_ca, generate_client, generate_serving
 from rig.builders import DEFAULT_RUNTIME
 from rig.localcluster.binaries import Binaries, cache_dir, ensure_binaries, selected_cell
 from rig.localcluster.crds import CRD_FILES, REFUSED_CRDS

@@ -65,7 +65,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 
-from certs.generate import generate_client, generate_serving
+from holdwarden.certs.generate import generate_client, generate_serving
 from holdwarden.vocabulary import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP
 from rig.localcluster.binaries import cache_dir, components, controller_binaries
 from rig.localcluster.crds import CRD_FILES

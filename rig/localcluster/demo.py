@@ -32,8 +32,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta
-from adapter.errors import AdapterError, PodsRemain
+from holdwarden.adapter import Adapter, CallMeta
+from holdwarden.adapter.errors import AdapterError, PodsRemain
 from holdwarden.config import Config
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
 from rig.builders import kueue_workload_body, trainjob_body

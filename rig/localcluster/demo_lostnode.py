@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta
+from holdwarden.adapter import Adapter, CallMeta
 from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster.cluster import LocalCluster

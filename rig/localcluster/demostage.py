@@ -161,7 +161,7 @@ def readmission_gate(cluster: LocalCluster) -> Iterator[str]:
     service account. In a cluster ``holdwarden gate`` runs it (its own Deployment,
     manifests/readmission); here it runs in the demo's process, so that it can act as
     that identity."""
-    from readmission.controller import ReadmissionGate
+    from holdwarden.readmission.controller import ReadmissionGate
 
     config = Config(
         readmission=ReadmissionConfig(enabled=True, interval=timedelta(milliseconds=500))
@@ -177,7 +177,7 @@ def readmission_gate(cluster: LocalCluster) -> Iterator[str]:
 
 
 def controllers_unrefused(audit_log: Path) -> None:
-    from webhook.audit import read_audit
+    from holdwarden.webhook.audit import read_audit
 
     refused = controller_refusals(read_audit(audit_log).records)
     if refused:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from kubernetes import client as k8s
 
-from certs.generate import generate_client
+from holdwarden.certs.generate import generate_client
 from rig.localcluster.binaries import components, controller_binaries
 from rig.localcluster.controllers import module_root
 from rig.localcluster.errors import ControlPlaneError

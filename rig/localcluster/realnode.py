@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from kubernetes import client as k8s
 
-from certs.generate import generate_client
+from holdwarden.certs.generate import generate_client
 from rig.localcluster.binaries import cache_dir, controller_binaries
 from rig.localcluster.errors import ControlPlaneError
 from rig.localcluster.hostpackages import CNI_BIN_DIR, ensure_host_packages

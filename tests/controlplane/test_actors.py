@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client as k8s
 
-from adapter.decisions import classify
-from adapter.types import Ref, State
+from holdwarden.adapter.decisions import classify
+from holdwarden.adapter.types import Ref, State
 from holdwarden.objects import kueue_workload_names
 from holdwarden.vocabulary import (
     JOB_UID_LABEL,

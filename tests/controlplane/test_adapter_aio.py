@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import AsyncAdapter, Config, Ref, State
-from adapter.errors import AdapterError, Conflict, Rejected, StaleHold, Unreachable
-from adapter.kube import FIELD_MANAGER
-from adapter.steps import Request, Send
+from holdwarden.adapter import AsyncAdapter, Config, Ref, State
+from holdwarden.adapter.errors import AdapterError, Conflict, Rejected, StaleHold, Unreachable
+from holdwarden.adapter.kube import FIELD_MANAGER
+from holdwarden.adapter.steps import Request, Send
 from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD
 from rig.localcluster import LocalCluster

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from adapter.errors import NotFound, StaleHold
+from holdwarden.adapter.errors import NotFound, StaleHold
 from holdwarden.cli import main
 from holdwarden.vocabulary import TRAINJOB, Annotations
 from rig.builders import trainjob_body

@@ -59,10 +59,24 @@ import aiohttp
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta, Config, Ref
-from adapter.errors import AdapterError, Conflict, NotFound, PodsRemain, Rejected, StaleHold
-from adapter.kube import Request
+from holdwarden.adapter import Adapter, CallMeta, Config, Ref
+from holdwarden.adapter.errors import (
+    AdapterError,
+    Conflict,
+    NotFound,
+    PodsRemain,
+    Rejected,
+    StaleHold,
+)
+from holdwarden.adapter.kube import Request
 from holdwarden.config import ReadmissionConfig
+from holdwarden.readmission.controller import (
+    ADMISSION_CHECK_GROUP,
+    ADMISSION_CHECK_VERSION,
+    ADMISSION_CHECKS,
+    ReadmissionGate,
+)
+from holdwarden.readmission.decisions import GateAction
 from holdwarden.vocabulary import (
     JOBSET_NAME_LABEL,
     TRAINJOB,
@@ -70,13 +84,6 @@ from holdwarden.vocabulary import (
     Annotations,
     parse_hold_instance,
 )
-from readmission.controller import (
-    ADMISSION_CHECK_GROUP,
-    ADMISSION_CHECK_VERSION,
-    ADMISSION_CHECKS,
-    ReadmissionGate,
-)
-from readmission.decisions import GateAction
 from rig.builders import trainjob_body
 from rig.localcluster import (
     GATE_IDENTITY,

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta, Config, Ref, State
-from adapter.core import WATCH_OPEN_S
-from adapter.errors import (
+from holdwarden.adapter import Adapter, CallMeta, Config, Ref, State
+from holdwarden.adapter.core import WATCH_OPEN_S
+from holdwarden.adapter.errors import (
     Conflict,
     Invalid,
     NotFound,
@@ -32,8 +32,8 @@ from adapter.errors import (
     StaleHold,
     Unsupported,
 )
-from adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
-from adapter.steps import Send
+from holdwarden.adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
+from holdwarden.adapter.steps import Send
 from holdwarden.config import TimeoutsConfig
 from holdwarden.objects import kueue_workload_names
 from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes import client as k8s
 
-from adapter import decisions
-from adapter.patches import apply_merge_patch, operations, write_patch
+from holdwarden.adapter import decisions
+from holdwarden.adapter.patches import apply_merge_patch, operations, write_patch
 from holdwarden.vocabulary import TRAINJOB, Annotations
 from rig.builders import trainjob_body
 

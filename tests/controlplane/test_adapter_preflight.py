@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta, Config, Ref, State
+from holdwarden.adapter import Adapter, CallMeta, Config, Ref, State
 from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta, Config, Ref
-from adapter.errors import Unsupported
+from holdwarden.adapter import Adapter, CallMeta, Config, Ref
+from holdwarden.adapter.errors import Unsupported
 from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,

@@ -17,9 +17,16 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, Config, Ref, State
-from adapter.errors import AdapterError, Invalid, NotFound, Rejected, Unreachable, Unsupported
-from adapter.kube import FIELD_MANAGER, Request
+from holdwarden.adapter import Adapter, Config, Ref, State
+from holdwarden.adapter.errors import (
+    AdapterError,
+    Invalid,
+    NotFound,
+    Rejected,
+    Unreachable,
+    Unsupported,
+)
+from holdwarden.adapter.kube import FIELD_MANAGER, Request
 from holdwarden.cli import main
 from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB

@@ -27,16 +27,16 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.generate import generate_ca, generate_serving
-from certs.reload import ReloadingTLS
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadingTLS
 from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
+from holdwarden.webhook.audit import read_audit
 from rig.builders import trainjob_body
 from rig.localcluster import EDITOR_USER, LocalCluster
 from tests.support.enforcer_tls import run_in_thread
 from tests.support.review_samples import review, trainjob
-from webhook.audit import read_audit
 
 pytestmark = pytest.mark.controlplane
 

@@ -22,10 +22,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from certs.generate import generate_ca, generate_serving
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.webhook.audit import AuditWriter, encode_line, read_audit
+from holdwarden.webhook.cli import parse_since
 from tests.support.review_samples import review, trainjob, workload
-from webhook.audit import AuditWriter, encode_line, read_audit
-from webhook.cli import parse_since
 
 ROOT = Path(__file__).resolve().parents[2]
 

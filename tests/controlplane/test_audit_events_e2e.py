@@ -28,11 +28,12 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from certs.generate import generate_ca, generate_serving
-from certs.reload import ReloadingTLS
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadingTLS
 from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import AuditEventsConfig, Config, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, event_reason
+from holdwarden.webhook.audit_sinks import EVENT_WRITE_ATTEMPTS, EventLabels, EventsSink, KubeEvents
 from rig.localcluster import EDITOR_USER, UNPRIVILEGED_USER, LocalCluster
 from rig.localcluster.realstory import wait_until_enforced
 from tests.controlplane.test_webhook_e2e import (
@@ -49,7 +50,6 @@ from tests.support.shipped_webhook import (
     local_registration,
     local_webhook,
 )
-from webhook.audit_sinks import EVENT_WRITE_ATTEMPTS, EventLabels, EventsSink, KubeEvents
 
 pytestmark = pytest.mark.controlplane
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from holdwarden.webhook.audit import read_audit, rotated_path
 from tests.controlplane.test_audit_durability import start_serve
 from tests.support.audit_helpers import (
     assert_whole_lines,
@@ -26,7 +27,6 @@ from tests.support.audit_helpers import (
     small_tmpfs,
 )
 from tests.support.review_samples import review, trainjob
-from webhook.audit import read_audit, rotated_path
 
 BUDGET = 90.0
 

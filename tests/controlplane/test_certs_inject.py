@@ -1,4 +1,4 @@
-"""certs.inject against the real kube-apiserver, and the whole certificate story end to end:
+"""holdwarden.certs.inject against the real kube-apiserver, and the whole certificate story end to end:
 the apiserver calls a TLS server through a caBundle we injected, across a rotation.
 """
 
@@ -18,7 +18,7 @@ from aiohttp import web
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.bundle import (
+from holdwarden.certs.bundle import (
     CA_BUNDLE,
     TLS_CERT,
     TLS_KEY,
@@ -26,10 +26,10 @@ from certs.bundle import (
     write_cert_dir,
     write_serving,
 )
-from certs.generate import generate_ca, generate_serving
-from certs.inject import MAX_ATTEMPTS, InjectError, inject_ca_bundle
-from certs.reload import ReloadingTLS
-from certs.rotate import prune, renew_serving, rotate_ca
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.inject import MAX_ATTEMPTS, InjectError, inject_ca_bundle
+from holdwarden.certs.reload import ReloadingTLS
+from holdwarden.certs.rotate import prune, renew_serving, rotate_ca
 from holdwarden.cli import main
 from rig.localcluster import LocalCluster
 

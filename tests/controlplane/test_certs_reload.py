@@ -1,4 +1,4 @@
-"""certs.reload: a real aiohttp TLS server swaps its certificate under load, no restart.
+"""holdwarden.certs.reload: a real aiohttp TLS server swaps its certificate under load, no restart.
 
 Clients make a new TCP+TLS connection per request and verify the server against the CA
 bundle on disk, the way the apiserver verifies a webhook against its caBundle.
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from certs.bundle import CA_BUNDLE, TLS_CERT, TLS_KEY, load_cert_dir, write_cert_dir
-from certs.generate import generate_ca, generate_serving
-from certs.reload import ReloadError, ReloadingTLS
-from certs.rotate import prune, renew_serving, rotate, rotate_ca
+from holdwarden.certs.bundle import CA_BUNDLE, TLS_CERT, TLS_KEY, load_cert_dir, write_cert_dir
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadError, ReloadingTLS
+from holdwarden.certs.rotate import prune, renew_serving, rotate, rotate_ca
 
 SERVICE, NAMESPACE = "hw", "ns"
 WATCH_INTERVAL = 0.02

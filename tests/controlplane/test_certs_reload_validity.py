@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from certs.bundle import CA_BUNDLE, TLS_CERT, TLS_KEY
-from certs.generate import KeyPair, generate_ca, generate_serving
-from certs.reload import (
+from holdwarden.certs.bundle import CA_BUNDLE, TLS_CERT, TLS_KEY
+from holdwarden.certs.generate import KeyPair, generate_ca, generate_serving
+from holdwarden.certs.reload import (
     EXPIRED,
     KEY_MISMATCH,
     MALFORMED,
@@ -28,7 +28,7 @@ from certs.reload import (
     ReloadError,
     ReloadingTLS,
 )
-from webhook.metrics import Metrics
+from holdwarden.webhook.metrics import Metrics
 
 SERVICE, NAMESPACE = "hw", "ns"
 NOW = datetime.now(UTC)

@@ -30,9 +30,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.bundle import parse_bundle
-from certs.generate import fingerprint
-from certs.selfmanaged import SecretError, SelfManagedTLS, parse_secret
+from holdwarden.certs.bundle import parse_bundle
+from holdwarden.certs.generate import fingerprint
+from holdwarden.certs.selfmanaged import SecretError, SelfManagedTLS, parse_secret
 from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.cli.serve import verify_enforcer
 from holdwarden.config import CertificatesConfig, Config, WebhookConfig

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from kubernetes import client as k8s
 
-from certs.selfmanaged import SelfManagedTLS
+from holdwarden.certs.selfmanaged import SelfManagedTLS
 from holdwarden.cli.enforcer import STOP_GRACE_SECONDS, TLS_STOP_SECONDS
 from holdwarden.cli.serve import verify_enforcer
 from holdwarden.config import CertificatesConfig, Config, WebhookConfig

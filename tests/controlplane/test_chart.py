@@ -24,10 +24,10 @@ import yaml
 
 from holdwarden import __version__
 from holdwarden.config import Config
+from holdwarden.webhook import selftest
 from rig.localcluster.binaries import BinariesUnavailable
 from tests.support.kustomize import render, unhashed
 from tests.support.tool_binaries import ensure_helm
-from webhook import selftest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "holdwarden"
@@ -235,7 +235,7 @@ def test_the_sidecar_with_self_managed_certificates_is_refused(helm: Path, tmp_p
 def test_the_helm_test_pod_sends_one_review_trusting_the_webhooks_ca(
     helm: Path, tmp_path: Path, mode: str, secret: str
 ) -> None:
-    """The hook's rendered Pod: runs webhook.selftest against the Service with only the
+    """The hook's rendered Pod: runs holdwarden.webhook.selftest against the Service with only the
     CA (not the CA key) of the mode's Secret, no token, and passes the namespace's
     restricted Pod Security (the settings the enforcer's own Pod has).
     (tests/controlplane/test_install_onestep.py runs the same command against a real enforcer.)"""
@@ -251,7 +251,7 @@ def test_the_helm_test_pod_sends_one_review_trusting_the_webhooks_ca(
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     command = container["command"]
-    assert command[:3] == ["python3", "-m", "webhook.selftest"]
+    assert command[:3] == ["python3", "-m", "holdwarden.webhook.selftest"]
     assert command[command.index("--url") + 1] == f"https://holdwarden.{NAMESPACE}.svc:443/validate"
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["ca"]["secret"]["secretName"] == secret

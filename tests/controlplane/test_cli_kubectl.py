@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from adapter.errors import NotFound, Rejected, Unreachable
-from certs.generate import generate_client
 from holdwarden import kubeclient
+from holdwarden.adapter.errors import NotFound, Rejected, Unreachable
+from holdwarden.certs.generate import generate_client
 from holdwarden.cli import build_parser, kubectl_main, main
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster

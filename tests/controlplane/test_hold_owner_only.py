@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from adapter import Adapter, CallMeta, Config, Ref
+from holdwarden.adapter import Adapter, CallMeta, Config, Ref
 from holdwarden.config import TimeoutsConfig, WebhookConfig
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations, RuleId
 from rig.builders import trainjob_body, workload_body

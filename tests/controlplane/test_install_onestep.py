@@ -311,13 +311,13 @@ def test_one_step_install_enforces_without_refusing_a_write_and_uninstalls_clean
         reset_seconds = wait_for("failurePolicy Fail again", enforcing, 120)
         assert_the_probe_role_creates_dry_runs_only(kubeconfig, custom)
 
-        # The helm test hook's command (webhook.selftest) against this enforcer, with the
+        # The helm test hook's command (holdwarden.webhook.selftest) against this enforcer, with the
         # CA the webhook trusts (the Secret's ca.crt, what the hook's Pod mounts).
         secret: Any = core.read_namespaced_secret("holdwarden-certificates", NAMESPACE)
         ca_file = tmp_path / "ca.crt"
         ca_file.write_bytes(base64.b64decode(secret.data["ca.crt"]))
         selftest = subprocess.run(
-            [sys.executable, "-m", "webhook.selftest", "--url",
+            [sys.executable, "-m", "holdwarden.webhook.selftest", "--url",
              f"https://127.0.0.1:{port}/validate", "--ca-file", str(ca_file),
              "--config", str(config_file)],
             capture_output=True, text=True, timeout=60,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adapter.errors import NotFound
-from certs.generate import generate_ca, generate_client
 from holdwarden import kubeclient
+from holdwarden.adapter.errors import NotFound
+from holdwarden.certs.generate import generate_ca, generate_client
 from holdwarden.cli import main
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster

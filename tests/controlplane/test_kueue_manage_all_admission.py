@@ -24,19 +24,19 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.generate import generate_ca, generate_serving
-from certs.reload import ReloadingTLS
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadingTLS
 from holdwarden.config import Config, KueueConfig, WebhookConfig
 from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, RuleId
+from holdwarden.webhook.audit import read_audit
+from holdwarden.webhook.match_conditions import kueue_namespace_selector, kueue_namespace_webhook
+from holdwarden.webhook.policy import binding, render_kueue_namespace_policy, render_rules_policy
 from rig.builders import trainjob_body
 from rig.localcluster import EDITOR_USER, KUEUE_IDENTITY, LocalCluster
 from rig.localcluster.realstory import NotWithin, eventually
 from tests.controlplane.test_webhook_e2e import _serve_in_thread
 from tests.support.shipped_webhook import local_registration, local_webhook
-from webhook.audit import read_audit
-from webhook.match_conditions import kueue_namespace_selector, kueue_namespace_webhook
-from webhook.policy import binding, render_kueue_namespace_policy, render_rules_policy
 
 pytestmark = pytest.mark.controlplane
 

@@ -12,8 +12,8 @@ import yaml
 from holdwarden import labelselector
 from holdwarden.config import Config
 from holdwarden.vocabulary import KUEUE_NAMESPACE_PATH, KUEUE_NAMESPACE_WEBHOOK
+from holdwarden.webhook import match_conditions, policy
 from tests.support.kustomize import render
-from webhook import match_conditions, policy
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "manifests" / "kueue-manage-all"
@@ -22,7 +22,7 @@ COMPONENT = ROOT / "manifests" / "kueue-manage-all"
 def test_the_shipped_patch_is_the_rendered_one_for_kueues_default_selector() -> None:
     shipped = (COMPONENT / "webhook-patch.yaml").read_text()
     assert shipped == match_conditions.kueue_namespace_patch(labelselector.kueue_default()), (
-        "regenerate: python -m webhook.match_conditions --kueue-namespace-entry "
+        "regenerate: python -m holdwarden.webhook.match_conditions --kueue-namespace-entry "
         "> manifests/kueue-manage-all/webhook-patch.yaml"
     )
 

@@ -22,9 +22,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from adapter import Adapter, CallMeta, Ref
-from adapter import kube as adapter_kube
-from adapter.errors import NotFound
+from holdwarden.adapter import Adapter, CallMeta, Ref
+from holdwarden.adapter import kube as adapter_kube
+from holdwarden.adapter.errors import NotFound
 from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster import LocalCluster
@@ -196,7 +196,7 @@ def test_cert_manager_makes_the_secret_the_pod_mounts_for_the_names_the_apiserve
 
 
 def test_monitoring_scrapes_the_service_and_alerts_on_the_metrics_we_export() -> None:
-    from webhook import metrics
+    from holdwarden.webhook import metrics
 
     objs = render(MANIFESTS, VARIANTS["monitoring"])
     monitor = _find(objs, "ServiceMonitor", "holdwarden")

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from prometheus_client.registry import Collector
 
-from readmission import metrics as gate_metrics
-from readmission.metrics import GateMetrics
+from holdwarden.readmission import metrics as gate_metrics
+from holdwarden.readmission.metrics import GateMetrics
+from holdwarden.webhook import metrics as webhook_metrics
+from holdwarden.webhook.audit_sinks import SinkMetrics
 from tests.support.kustomize import render
-from webhook import metrics as webhook_metrics
-from webhook.audit_sinks import SinkMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"

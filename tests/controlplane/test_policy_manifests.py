@@ -13,8 +13,8 @@ import yaml
 from kubernetes import client as k8s
 
 from holdwarden.config import Config
+from holdwarden.webhook.policy import owner_only_manifest, rules_manifest
 from rig.localcluster import LocalCluster
-from webhook.policy import owner_only_manifest, rules_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -30,9 +30,9 @@ def test_the_shipped_policies_are_the_rendered_ones_for_the_shipped_config() -> 
     config = shipped_config()
     assert RULES_FILE.read_text() == rules_manifest(
         config.annotation_prefix, config.kueue_identities
-    ), "regenerate: python -m webhook.policy > manifests/policy/policy.yaml"
+    ), "regenerate: python -m holdwarden.webhook.policy > manifests/policy/policy.yaml"
     assert OWNER_FILE.read_text() == owner_only_manifest(config.annotation_prefix), (
-        "regenerate: python -m webhook.policy --owner-only > "
+        "regenerate: python -m holdwarden.webhook.policy --owner-only > "
         "manifests/policy/owner-only/policy.yaml"
     )
 

@@ -32,16 +32,16 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.generate import generate_ca, generate_serving
-from certs.reload import ReloadingTLS
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadingTLS
 from holdwarden.config import Config, KueueConfig, WebhookConfig
 from holdwarden.vocabulary import DEFAULT_WORKLOAD_DELETERS, TRAINJOB, WORKLOAD, RuleId
+from holdwarden.webhook.policy import binding, render_owner_only_policy, render_rules_policy
+from holdwarden.webhook.rules import Change, RulesConfig, evaluate
 from rig.builders import trainjob_body
 from rig.localcluster import EDITOR_USER, KUEUE_IDENTITY, SUPERVISOR_IDENTITY, LocalCluster
 from tests.controlplane.test_webhook_e2e import _serve_in_thread
 from tests.support import policy_corpus as corpus
-from webhook.policy import binding, render_owner_only_policy, render_rules_policy
-from webhook.rules import Change, RulesConfig, evaluate
 
 pytestmark = pytest.mark.controlplane
 

@@ -24,12 +24,12 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import generate_latest
 
-from adapter import Adapter, CallMeta, Ref
-from adapter.errors import Conflict
+from holdwarden.adapter import Adapter, CallMeta, Ref
+from holdwarden.adapter.errors import Conflict
 from holdwarden.config import Config
+from holdwarden.readmission.controller import ReadmissionGate
+from holdwarden.readmission.decisions import GateAction, granted_attempt
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
-from readmission.controller import ReadmissionGate
-from readmission.decisions import GateAction, granted_attempt
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import GATE_IDENTITY, LocalCluster
 from tests.controlplane.test_readmission_kube import check_name, failover_gate_config, gate_config

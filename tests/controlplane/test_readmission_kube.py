@@ -17,16 +17,16 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from adapter import Adapter, CallMeta, Ref
+from holdwarden.adapter import Adapter, CallMeta, Ref
 from holdwarden.config import Config, ReadmissionConfig
-from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
-from readmission.controller import (
+from holdwarden.readmission.controller import (
     ADMISSION_CHECK_GROUP,
     ADMISSION_CHECK_VERSION,
     ADMISSION_CHECKS,
     ReadmissionGate,
 )
-from readmission.decisions import granted_attempt
+from holdwarden.readmission.decisions import granted_attempt
+from holdwarden.vocabulary import JOBSET_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import GATE_IDENTITY, LocalCluster
 from tests.support.actors import KueueActor, TrainerActor
@@ -468,7 +468,7 @@ def test_an_informer_lists_in_pages_and_misses_nothing(
     in the store, slimmed, and the list's resourceVersion is remembered for the watch."""
     import threading
 
-    from readmission.informer import Informer, Store
+    from holdwarden.readmission.informer import Informer, Store
 
     core = k8s.CoreV1Api(admin_client)
     label = f"page-{uuid.uuid4().hex[:6]}"

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
+from holdwarden.readmission.controller import ReadmissionGate
+from holdwarden.readmission.metrics import LONGEST_STALL, STALLED
 from holdwarden.vocabulary import WORKLOAD
-from readmission.controller import ReadmissionGate
-from readmission.metrics import LONGEST_STALL, STALLED
 from rig.localcluster import GATE_IDENTITY, LocalCluster
 from tests.controlplane.test_readmission_kube import (  # the gate tests' fixtures and helpers
     Objects,

@@ -49,9 +49,11 @@ from hypothesis import strategies as st
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.generate import generate_ca, generate_serving
+from holdwarden.certs.generate import generate_ca, generate_serving
 from holdwarden.config import Config
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations, Resource
+from holdwarden.webhook.match_conditions import overlay_patch, render, same_expression
+from holdwarden.webhook.rules import Change, RulesConfig, evaluate, skip_reason
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import (
     EDITOR_USER,
@@ -67,8 +69,6 @@ from tests.support.shipped_webhook import (
     shipped_namespace_selector,
     shipped_webhook,
 )
-from webhook.match_conditions import overlay_patch, render, same_expression
-from webhook.rules import Change, RulesConfig, evaluate, skip_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -132,7 +132,7 @@ def test_shipped_namespace_selector_excludes_kube_system_and_our_namespace() -> 
 
 
 def test_overlay_patch_replaces_the_shipped_expression() -> None:
-    """The patch `python -m webhook.match_conditions` prints applies at the path it names."""
+    """The patch `python -m holdwarden.webhook.match_conditions` prints applies at the path it names."""
     ops = yaml.safe_load(overlay_patch("example.com", ["kueue-writers"]))
     (op,) = ops
     assert op["op"] == "replace"

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from bench.webhook_bench import image_malloc_env
-from certs.generate import generate_ca, generate_client
+from holdwarden.certs.generate import generate_ca, generate_client
 from holdwarden.config import WebhookConfig
+from holdwarden.webhook.connections import READ_BUFFER, WIDE_READ_BUFFER
+from holdwarden.webhook.review import APISERVER_MAX_JSON_DEPTH
 from tests.support.enforcer_tls import (
     Pki,
     ServeProcess,
@@ -34,8 +36,6 @@ from tests.support.enforcer_tls import (
     rss_kib,
     serving,
 )
-from webhook.connections import READ_BUFFER, WIDE_READ_BUFFER
-from webhook.review import APISERVER_MAX_JSON_DEPTH
 
 FAST = {
     "idle_timeout": timedelta(milliseconds=600),

@@ -1,7 +1,7 @@
 """The enforcer end to end in the real kube-apiserver.
 
 The server runs in this process (its own thread and event loop, TLS with a certificate from
-``certs.generate`` for IP 127.0.0.1); a ValidatingWebhookConfiguration points the real
+``holdwarden.certs.generate`` for IP 127.0.0.1); a ValidatingWebhookConfiguration points the real
 apiserver at it, with the shipped ``matchConditions`` (read from manifests/webhook.yaml), so
 these tests go through the same narrowing the installed enforcer does. The configuration
 only matches namespaces carrying this module's own label with a random value, so no other
@@ -26,11 +26,12 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from certs.generate import generate_ca, generate_serving
-from certs.reload import ReloadingTLS
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadingTLS
 from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, WebhookConfig
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, WORKLOAD, Annotations
+from holdwarden.webhook.audit import read_audit
 from rig.builders import trainjob_body, workload_body
 from rig.localcluster import LocalCluster
 from rig.localcluster.realstory import wait_until_enforced
@@ -40,7 +41,6 @@ from tests.support.shipped_webhook import (
     local_webhook,
     shipped_rules,
 )
-from webhook.audit import read_audit
 
 pytestmark = pytest.mark.controlplane
 
@@ -605,7 +605,7 @@ def test_adapter_preflight_detects_the_real_enforcer(
 ) -> None:
     """Preflight's dry-run probe is refused by this webhook where it is registered, and
     reported as not installed where it is not (a namespace outside its selector)."""
-    from adapter import Adapter, Config
+    from holdwarden.adapter import Adapter, Config
     from rig.localcluster import SUPERVISOR_IDENTITY
 
     # Each mode probes with its own held kind: a Workload in Kueue mode (so no TrainJob

@@ -38,8 +38,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter
-from adapter.types import State
+from holdwarden.adapter import Adapter
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from holdwarden.vocabulary import JOBSET_NAME_LABEL
 from rig.builders import trainjob_body

@@ -41,9 +41,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from adapter import Adapter, Ref
-from adapter.types import State
 from holdwarden import objects as hw_objects
+from holdwarden.adapter import Adapter, Ref
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from holdwarden.vocabulary import ADMISSIONCHECK, Annotations
 from rig.builders import trainjob_body

@@ -20,17 +20,17 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from certs.generate import generate_ca, generate_serving
-from certs.reload import ReloadingTLS
+from holdwarden.certs.generate import generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadingTLS
 from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, KueueConfig, ReadmissionConfig, WebhookConfig
 from holdwarden.labelselector import LabelSelector
-from readmission.controller import ReadmissionGate
+from holdwarden.readmission.controller import ReadmissionGate
+from holdwarden.webhook.audit import read_audit
+from holdwarden.webhook.match_conditions import kueue_namespace_webhook
 from rig.localcluster import GATE_IDENTITY, LocalCluster
 from rig.localcluster.realstory import make_admission_check, wait_until_enforced
 from tests.support.shipped_webhook import shipped_match_conditions, shipped_rules
-from webhook.audit import read_audit
-from webhook.match_conditions import kueue_namespace_webhook
 
 ENFORCED_LABEL = "holdwarden.io/real-e2e"
 ENFORCER_WEBHOOK = "holds.holdwarden.io"
@@ -93,7 +93,7 @@ def enforcement(
 
     ``queueless``: Kueue manages jobs without a queue name in the namespaces this selector
     (its managedJobsNamespaceSelector) selects; the enforcer is configured so, and its
-    second webhook entry is registered too (webhook.match_conditions.kueue_namespace_webhook,
+    second webhook entry is registered too (holdwarden.webhook.match_conditions.kueue_namespace_webhook,
     confined like the first to this run's namespaces)."""
     ca = generate_ca()
     leaf = generate_serving(ca, "holdwarden", "holdwarden-system", ip_addresses=["127.0.0.1"])

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapter import CallMeta
+from holdwarden.adapter import CallMeta
 from rig.localcluster import LocalCluster
 from rig.localcluster.nodes import ready_status, unreachable_taint
 from rig.localcluster.realstory import NotWithin, Objects, controller_refusals, eventually

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter
-from adapter.types import State
+from holdwarden.adapter import Adapter
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster

@@ -46,7 +46,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter
+from holdwarden.adapter import Adapter
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     CLUSTERTRAININGRUNTIME,

@@ -28,9 +28,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from adapter import Adapter, CallMeta, Ref
-from adapter.errors import Invalid
-from adapter.types import State
+from holdwarden.adapter import Adapter, CallMeta, Ref
+from holdwarden.adapter.errors import Invalid
+from holdwarden.adapter.types import State
 from holdwarden.config import Config, KueueConfig
 from holdwarden.labelselector import LabelSelector
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, TRAINJOB, RuleId

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, Ref
-from adapter.types import State
 from holdwarden import objects as hw_objects
+from holdwarden.adapter import Adapter, Ref
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from holdwarden.vocabulary import JOB_UID_LABEL, Annotations
 from rig.builders import trainjob_body

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter
-from adapter.types import Ref, State
+from holdwarden.adapter import Adapter
+from holdwarden.adapter.types import Ref, State
 from holdwarden.config import Config
 from holdwarden.vocabulary import WORKLOAD
 from rig.builders import trainjob_body

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, Ref
-from adapter.errors import PodsRemain
-from adapter.types import State
+from holdwarden.adapter import Adapter, Ref
+from holdwarden.adapter.errors import PodsRemain
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from rig.builders import trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster

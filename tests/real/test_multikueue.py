@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, Ref
-from adapter.types import State
+from holdwarden.adapter import Adapter, Ref
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from holdwarden.vocabulary import MULTIKUEUE_CONTROLLER, TRAINJOB
 from rig.builders import trainjob_body

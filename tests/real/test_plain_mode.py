@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter, Ref
-from adapter.errors import PodsRemain
-from adapter.types import State
+from holdwarden.adapter import Adapter, Ref
+from holdwarden.adapter.errors import PodsRemain
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from holdwarden.vocabulary import Annotations
 from rig.builders import trainjob_body

@@ -37,9 +37,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter
-from adapter.errors import Unsupported
-from adapter.types import Ref
+from holdwarden.adapter import Adapter
+from holdwarden.adapter.errors import Unsupported
+from holdwarden.adapter.types import Ref
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     ADMISSIONCHECK,

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter
-from adapter.errors import RuntimeMissing
-from adapter.types import Ref, State
+from holdwarden.adapter import Adapter
+from holdwarden.adapter.errors import RuntimeMissing
+from holdwarden.adapter.types import Ref, State
 from holdwarden.config import Config
 from holdwarden.vocabulary import CLUSTERTRAININGRUNTIME, TRAININGRUNTIME, TRAINJOB
 from rig.builders import trainjob_body

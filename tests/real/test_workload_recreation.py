@@ -13,8 +13,8 @@ import time
 import pytest
 from kubernetes import client as k8s
 
-from adapter import Adapter
-from adapter.types import State
+from holdwarden.adapter import Adapter
+from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from holdwarden.vocabulary import TRAINJOB, Annotations
 from rig.builders import trainjob_body

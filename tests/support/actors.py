@@ -331,7 +331,7 @@ class KueueActor(_Actor):
 
     The readmission gate is holdwarden's AdmissionCheck (design: "Kueue mode, Open and the
     readmission gate"). With ``admission_check`` set, the actor does what Kueue does with
-    an AdmissionCheck and the real gate (``readmission.controller``) decides: the
+    an AdmissionCheck and the real gate (``holdwarden.readmission.controller``) decides: the
     check is listed ``Pending`` on each Workload, reset to ``Pending`` on eviction, and the
     Workload is admitted only while the check is ``Ready``. Without it, and with
     ``readmission_gate`` on, the actor plays the gate itself: it admits only what the gate

@@ -22,8 +22,8 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
-from adapter.aio import AsyncAdapter
-from adapter.steps import Request
+from holdwarden.adapter.aio import AsyncAdapter
+from holdwarden.adapter.steps import Request
 
 CALL_TIMEOUT_S = 180.0
 """No adapter call in the tests may take longer (each is bounded by its deadline anyway)."""

@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from bench.webhook_bench import image_malloc_env
-from certs.generate import KeyPair, generate_ca, generate_serving
-from certs.reload import ReloadingTLS
+from holdwarden.certs.generate import KeyPair, generate_ca, generate_serving
+from holdwarden.certs.reload import ReloadingTLS
 from holdwarden.cli.enforcer import EnforcerServer
 from holdwarden.config import Config, WebhookConfig
 from rig.localcluster.ports import free_port

@@ -100,7 +100,7 @@ class BufferingWatchProxy:
     """
 
     def __init__(self, upstream_url: str, ca: Any, workdir: Path) -> None:
-        from certs.generate import generate_serving
+        from holdwarden.certs.generate import generate_serving
 
         pair = generate_serving(ca, "proxy", "default", ip_addresses=["127.0.0.1"])
         (workdir / "proxy.crt").write_bytes(pair.cert_pem)

@@ -13,7 +13,7 @@ import sys
 
 from kubernetes import config as kube_config
 
-from readmission.controller import ReadmissionGate
+from holdwarden.readmission.controller import ReadmissionGate
 
 
 def main(argv: list[str]) -> int:

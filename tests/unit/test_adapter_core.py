@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapter.core import (
+from holdwarden.adapter.core import (
     CHANGE_WAIT_S,
     CONFLICT_BACKOFF_CAP_S,
     MAX_RETRIES,
     AdapterCore,
     conflict_backoff,
 )
-from adapter.errors import (
+from holdwarden.adapter.errors import (
     AdapterError,
     Conflict,
     DeadlinePassed,
@@ -32,7 +32,7 @@ from adapter.errors import (
     Rejected,
     Unreachable,
 )
-from adapter.steps import (
+from holdwarden.adapter.steps import (
     ApiStatusError,
     BeforeRequest,
     ConnectionLost,
@@ -49,7 +49,7 @@ from adapter.steps import (
     WatchFeed,
     WatchView,
 )
-from adapter.types import CallMeta, Capability, PreflightResult, Ref, ReleaseResult
+from holdwarden.adapter.types import CallMeta, Capability, PreflightResult, Ref, ReleaseResult
 from holdwarden.config import Config
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

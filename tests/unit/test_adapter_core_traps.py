@@ -10,9 +10,9 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from adapter.errors import RuntimeMissing, StaleHold
-from adapter.steps import ApiStatusError, Send
-from adapter.types import CallMeta, ReleaseResult, State
+from holdwarden.adapter.errors import RuntimeMissing, StaleHold
+from holdwarden.adapter.steps import ApiStatusError, Send
+from holdwarden.adapter.types import CallMeta, ReleaseResult, State
 from tests.unit.test_adapter_core import (
     NOW,
     REF,

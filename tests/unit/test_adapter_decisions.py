@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapter.decisions import (
+from holdwarden.adapter.decisions import (
     Decision,
     Outcome,
     classify,
@@ -24,7 +24,7 @@ from adapter.decisions import (
     release_would_unsuspend,
     validate_start_body,
 )
-from adapter.types import Ref, State
+from holdwarden.adapter.types import Ref, State
 from holdwarden.objects import cluster_queue_admission_checks, format_time, parse_attempt
 from holdwarden.vocabulary import JOB_UID_LABEL, QUEUE_NAME_LABEL, Annotations
 

@@ -1,4 +1,4 @@
-"""adapter.preflight's pure part: what each probe's answer means, as table tests.
+"""holdwarden.adapter.preflight's pure part: what each probe's answer means, as table tests.
 
 The probes themselves run against the real API server in
 tests/controlplane/test_adapter_preflight.py (and tests/controlplane/test_adapter_kube.py);
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from adapter import preflight
-from adapter.preflight import (
+from holdwarden.adapter import preflight
+from holdwarden.adapter.preflight import (
     PLACEHOLDER_RUNTIME,
     EnforcerVerdict,
     GateProbe,
@@ -21,8 +21,8 @@ from adapter.preflight import (
     Refusal,
     RuntimeRef,
 )
-from adapter.steps import ApiStatusError, Http, Operation, Request, no_request
-from adapter.types import Capability
+from holdwarden.adapter.steps import ApiStatusError, Http, Operation, Request, no_request
+from holdwarden.adapter.types import Capability
 from holdwarden.config import Config
 from holdwarden.vocabulary import (
     BREAK_GLASS_GROUP,

@@ -1,4 +1,4 @@
-"""The sync driver's watch stream (``adapter.kube._SyncWatch``) on its own, no server.
+"""The sync driver's watch stream (``holdwarden.adapter.kube._SyncWatch``) on its own, no server.
 
 Its reader thread and the call's thread both touch one urllib3 response; these tests pin
 the order ``close()`` keeps so that the two never close it at once. The response here is a
@@ -17,7 +17,7 @@ from typing import Any
 
 import urllib3
 
-from adapter.kube import _SyncWatch
+from holdwarden.adapter.kube import _SyncWatch
 
 
 class ClosingReaderResponse:

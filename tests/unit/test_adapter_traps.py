@@ -18,9 +18,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapter import traps
-from adapter.traps import KueueSettings, RuntimeName
-from adapter.types import Observation, Ref, ReleaseResult, State
+from holdwarden.adapter import traps
+from holdwarden.adapter.traps import KueueSettings, RuntimeName
+from holdwarden.adapter.types import Observation, Ref, ReleaseResult, State
 from rig.localcluster.cluster import find_crd_dir
 
 CRDS = Path(__file__).resolve().parents[1] / "support" / "crds"

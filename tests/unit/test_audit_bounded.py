@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import RuleId
-from tests.support.review_samples import review, trainjob
-from webhook.audit import (
+from holdwarden.webhook.audit import (
     FIELD_LIMITS,
     MAX_LINE_BYTES,
     AuditWriter,
@@ -33,10 +32,11 @@ from webhook.audit import (
     raw_objects,
     read_audit,
 )
-from webhook.metrics import Metrics
-from webhook.review import APISERVER_MAX_JSON_DEPTH, Review, parse_review
-from webhook.rules import Change, Violation
-from webhook.server import build_app
+from holdwarden.webhook.metrics import Metrics
+from holdwarden.webhook.review import APISERVER_MAX_JSON_DEPTH, Review, parse_review
+from holdwarden.webhook.rules import Change, Violation
+from holdwarden.webhook.server import build_app
+from tests.support.review_samples import review, trainjob
 
 MB = 1024 * 1024
 BUDGET = 60.0  # seconds for any one async test
@@ -126,7 +126,7 @@ def test_create_has_no_old_digest() -> None:
 
 
 def _review_of(req: dict[str, Any]) -> Review:
-    from webhook.review import parse_review
+    from holdwarden.webhook.review import parse_review
 
     return parse_review(json.dumps(req).encode())
 

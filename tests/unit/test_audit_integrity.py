@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from holdwarden.webhook.audit import AuditWriter, encode_line, read_audit, rotated_path
 from tests.support.audit_helpers import assert_whole_lines, eventually, fill, record, small_tmpfs
-from webhook.audit import AuditWriter, encode_line, read_audit, rotated_path
 
 BUDGET = 30.0  # seconds for any one test
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from holdwarden.config import Config, ConfigError
-from tests.support.audit_helpers import assert_whole_lines, record
-from webhook.audit import (
+from holdwarden.webhook.audit import (
     MAX_LINE_BYTES,
     AuditWriter,
     audit_files,
@@ -21,6 +20,7 @@ from webhook.audit import (
     read_audit,
     rotated_path,
 )
+from tests.support.audit_helpers import assert_whole_lines, record
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_BYTES = 16 * 1024

@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 
 from holdwarden.config import AuditEventsConfig, Config, ConfigError
 from holdwarden.vocabulary import RuleId, event_reason, rule_of_event_reason
-from tests.support.audit_helpers import record
-from webhook.audit import AuditFilter, is_audit_record, read_audit_stream
-from webhook.audit_sinks import (
+from holdwarden.webhook.audit import AuditFilter, is_audit_record, read_audit_stream
+from holdwarden.webhook.audit_sinks import (
     EVENT_WRITE_ATTEMPTS,
     NOTE_LIMIT,
     EventLabels,
@@ -38,6 +37,7 @@ from webhook.audit_sinks import (
     stdout_line,
     truncate_note,
 )
+from tests.support.audit_helpers import record
 
 LABELS = EventLabels("holdwarden.io")
 T0 = datetime(2026, 12, 3, 9, 0, 0, 123456, tzinfo=UTC)
@@ -157,7 +157,7 @@ def test_token_bucket_never_exceeds_burst_plus_rate_times_t(
 
 
 def test_series_cache_forgets_after_the_window_and_beyond_capacity() -> None:
-    from webhook.audit_sinks import Series
+    from holdwarden.webhook.audit_sinks import Series
 
     cache = SeriesCache(window=60.0, capacity=2)
     key_a, key_b, key_c = (dedup_key(record("x", name=n)) for n in "abc")

@@ -1,4 +1,4 @@
-"""certs.generate, certs.bundle, certs.rotate and the `holdwarden certs` CLI (no cluster)."""
+"""holdwarden.certs.generate, holdwarden.certs.bundle, holdwarden.certs.rotate and the `holdwarden certs` CLI (no cluster)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from certs import bundle as cert_bundle
-from certs.bundle import CertDirError, load_cert_dir, parse_bundle, write_cert_dir
-from certs.cli import parse_validity
-from certs.generate import (
+from holdwarden.certs import bundle as cert_bundle
+from holdwarden.certs.bundle import CertDirError, load_cert_dir, parse_bundle, write_cert_dir
+from holdwarden.certs.cli import parse_validity
+from holdwarden.certs.generate import (
     KeyPair,
     fingerprint,
     generate_ca,
     generate_client,
     generate_serving,
 )
-from certs.rotate import prune, renew_serving, rotate, rotate_ca
+from holdwarden.certs.rotate import prune, renew_serving, rotate, rotate_ca
 from holdwarden.cli import main
 
 NOW = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""certs.plan.decide: the self-managed leader's next step (pure; no cluster)."""
+"""holdwarden.certs.plan.decide: the self-managed leader's next step (pure; no cluster)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from certs.plan import CA, Action, Policy, Secret, Serving, View, decide
+from holdwarden.certs.plan import CA, Action, Policy, Secret, Serving, View, decide
 
 NOW = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 NAMES = frozenset({"DNS:holdwarden", "IP:127.0.0.1"})
@@ -279,13 +279,13 @@ def test_certificates_section_errors_name_the_key(section: dict[str, object], ke
 
 
 def test_a_secret_after_a_ca_rotation_reads_as_inject_then_renew() -> None:
-    """certs.selfmanaged reduces the Secret to the View: signing CA = the key's, issuer =
+    """holdwarden.certs.selfmanaged reduces the Secret to the View: signing CA = the key's, issuer =
     the CA whose signature the serving certificate carries, names from its SANs."""
     import base64
 
-    from certs.bundle import encode_bundle
-    from certs.generate import generate_ca, generate_serving
-    from certs.selfmanaged import parse_secret, serving_names, view_of
+    from holdwarden.certs.bundle import encode_bundle
+    from holdwarden.certs.generate import generate_ca, generate_serving
+    from holdwarden.certs.selfmanaged import parse_secret, serving_names, view_of
     from holdwarden.config import CertificatesConfig
 
     settings = CertificatesConfig(ip_addresses=("127.0.0.1",))

@@ -79,7 +79,7 @@ def test_the_cli_reference_names_every_command_and_option() -> None:
 def test_the_rules_reference_lists_the_rules_in_their_evaluation_order() -> None:
     """docs/reference/rules.md's table against webhook/rules.py: CREATE and UPDATE rules in
     ``RULE_ORDER``, then the DELETE rule."""
-    from webhook.rules import DELETE_RULE_ORDER, RULE_ORDER
+    from holdwarden.webhook.rules import DELETE_RULE_ORDER, RULE_ORDER
 
     text = (DOCS / "reference" / "rules.md").read_text()
     table = re.findall(r"^\| \d+ \| `([a-z-]+)`", text, flags=re.MULTILINE)

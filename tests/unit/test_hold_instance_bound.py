@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from adapter import decisions
-from adapter.cli import _instance
-from adapter.decisions import Outcome
 from holdwarden import objects
+from holdwarden.adapter import decisions
+from holdwarden.adapter.cli import _instance
+from holdwarden.adapter.decisions import Outcome
 from holdwarden.config import Config
+from holdwarden.readmission.decisions import granted_attempt, why_waiting
 from holdwarden.vocabulary import (
     MAX_HOLD_INSTANCE,
     Annotations,
@@ -28,8 +29,7 @@ from holdwarden.vocabulary import (
     format_hold_instance,
     parse_hold_instance,
 )
-from readmission.decisions import granted_attempt, why_waiting
-from webhook.rules import Change, RulesConfig, evaluate
+from holdwarden.webhook.rules import Change, RulesConfig, evaluate
 
 A = Annotations()
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from adapter.decisions import classify
-from adapter.types import Ref, State
 from holdwarden import objects
+from holdwarden.adapter.decisions import classify
+from holdwarden.adapter.types import Ref, State
 from holdwarden.vocabulary import Annotations
 
 A = Annotations()

@@ -11,8 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from holdwarden import objects
+from holdwarden.readmission.decisions import (
+    GateAction,
+    decide_readmission,
+    granted_attempt,
+    why_waiting,
+)
 from holdwarden.vocabulary import Annotations
-from readmission.decisions import GateAction, decide_readmission, granted_attempt, why_waiting
 
 NOTES = Annotations()
 CHECKS = frozenset({"holdwarden-readmission"})

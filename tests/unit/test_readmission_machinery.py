@@ -11,8 +11,8 @@ import pytest
 
 from holdwarden.config import Config, ConfigError
 from holdwarden.leaderelection import ElectionTiming, LeaseElector, pod_namespace
-from readmission.informer import Store
-from readmission.workqueue import WorkQueue
+from holdwarden.readmission.informer import Store
+from holdwarden.readmission.workqueue import WorkQueue
 
 
 class FakeClock:

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from holdwarden.vocabulary import MULTIKUEUE_CONTROLLER
-from readmission.decisions import (
+from holdwarden.readmission.decisions import (
     GateAction,
     WorkerCount,
     decide_readmission,
     why_waiting,
     worker_blocker,
 )
-from readmission.multikueue import kubeconfig_location
+from holdwarden.readmission.multikueue import kubeconfig_location
+from holdwarden.vocabulary import MULTIKUEUE_CONTROLLER
 from tests.unit.test_readmission import CHECKS, NOTES, NOW, decide, trainjob, workload
 
 

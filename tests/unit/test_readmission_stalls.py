@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from readmission.decisions import GateAction, WorkerCount, decide_readmission
-from readmission.metrics import LONGEST_STALL, STALLED, GateMetrics, StallTracker
+from holdwarden.readmission.decisions import GateAction, WorkerCount, decide_readmission
+from holdwarden.readmission.metrics import LONGEST_STALL, STALLED, GateMetrics, StallTracker
 from tests.unit.test_readmission import CHECKS, NOTES, NOW, trainjob, workload
 
 

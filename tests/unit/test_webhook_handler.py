@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from holdwarden.config import Config, WebhookConfig
+from holdwarden.webhook.audit import AuditWriter, read_audit
+from holdwarden.webhook.metrics import Metrics
+from holdwarden.webhook.server import State, build_app, build_metrics_app
 from tests.support.review_samples import review, trainjob, workload
-from webhook.audit import AuditWriter, read_audit
-from webhook.metrics import Metrics
-from webhook.server import State, build_app, build_metrics_app
 
 SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples" / "admissionreview"
 # The captures live beside the repository (../shared), not in it; CI has them. A clone
@@ -395,7 +395,7 @@ async def test_a_bug_while_judging_refuses_with_200(
     def broken(*_: Any) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr("webhook.server.evaluate", broken)
+    monkeypatch.setattr("holdwarden.webhook.server.evaluate", broken)
     req = review(old=trainjob(), new=trainjob())
     status, body = await hook.post(req)
     response = assert_envelope(body, req["request"]["uid"])
@@ -410,10 +410,10 @@ async def test_a_bug_before_the_uid_is_known_is_a_400_never_a_500(
     def broken(*_: Any) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr("webhook.server.parse_review", broken)
+    monkeypatch.setattr("holdwarden.webhook.server.parse_review", broken)
     status, body = await hook.post(review(old=trainjob(), new=trainjob()))
     assert status == 400 and "RuntimeError" in body["message"]
     # Even when answering the 400 itself fails, the answer is a 400.
-    monkeypatch.setattr("webhook.server.Enforcer._bad", broken)
+    monkeypatch.setattr("holdwarden.webhook.server.Enforcer._bad", broken)
     status, body = await hook.post(review(old=trainjob(), new=trainjob()))
     assert status == 400 and body["code"] == 400

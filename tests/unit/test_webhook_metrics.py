@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook.metrics import BUCKETS, Metrics
+from holdwarden.webhook.metrics import BUCKETS, Metrics
 
 
 @given(st.lists(st.floats(min_value=0, max_value=5, allow_nan=False), max_size=50))

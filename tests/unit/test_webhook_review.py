@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, Annotations
-from tests.support.review_samples import inflate, review, trainjob, workload
-from webhook.review import (
+from holdwarden.webhook.review import (
     APISERVER_MAX_JSON_DEPTH,
     MAX_READ_DEPTH,
     MAX_REVIEW_DEPTH,
@@ -24,7 +23,8 @@ from webhook.review import (
     deny,
     parse_review,
 )
-from webhook.rules import Change, RulesConfig, Violation, evaluate
+from holdwarden.webhook.rules import Change, RulesConfig, Violation, evaluate
+from tests.support.review_samples import inflate, review, trainjob, workload
 
 A = Annotations()
 CONFIG = RulesConfig.from_config(Config())

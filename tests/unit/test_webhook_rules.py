@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from holdwarden.config import Config, KueueConfig
 from holdwarden.vocabulary import QUEUE_NAME_LABEL, Annotations, RuleId
-from webhook.rules import (
+from holdwarden.webhook.rules import (
     RULE_ORDER,
     Change,
     RulesConfig,
