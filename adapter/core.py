@@ -1,20 +1,20 @@
 """The adapter's operations with no I/O in them: the part the sync and asyncio adapters share.
 
-Each operation (Start, Open, Hold, Release, Observe, Preflight) is a generator. It yields
-*steps* (``holdwarden.adapter.steps``: send a request, send several at once, pause, open a watch, wait
-for its next change) and is resumed with their results. Preflight's probes are their own
-module (``holdwarden.adapter.preflight``); the core caches their result and decides when they run.
+Each operation (Start, Open, Hold, Release, Observe, Preflight) is a generator. It yields *steps*
+(``holdwarden.adapter.steps``: send a request, send several at once, pause, open a watch, wait for
+its next change) and is resumed with their results. Preflight's probes are their own module
+(``holdwarden.adapter.preflight``); the core caches their result and decides when they run.
 
-A driver (``holdwarden.adapter.kube.Adapter`` on the kubernetes client, ``holdwarden.adapter.aio.AsyncAdapter``
-on aiohttp) only runs steps: it decides nothing and maps no error. So the deadline checks,
-the request timeouts, the retry loop, the error classes and their messages, the caches and
-the request log exist once, here, for both.
+A driver (``holdwarden.adapter.kube.Adapter`` on the kubernetes client,
+``holdwarden.adapter.aio.AsyncAdapter`` on aiohttp) only runs steps: it decides nothing and maps no
+error. So the deadline checks, the request timeouts, the retry loop, the error classes and their
+messages, the caches and the request log exist once, here, for both.
 
 Invariants kept here (the spec's and issue 11's):
 
 - Every write is a merge PATCH of only what the decision changed (``holdwarden.adapter.patches``),
-  carrying the read's ``metadata.resourceVersion``: the API server refuses it (409) if
-  anything changed since, exactly as it would a PUT of the object as read.
+  carrying the read's ``metadata.resourceVersion``: the API server refuses it (409) if anything
+  changed since, exactly as it would a PUT of the object as read.
 - For a hold-family call, the deadline is checked immediately before every request (a
   passed deadline → ``DeadlinePassed``, nothing sent) and bounds the request's timeout:
   ``min(deadline - now, timeouts.apiserverRequest)``.

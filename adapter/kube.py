@@ -1,11 +1,11 @@
 """The sync adapter: ``holdwarden.adapter.core``'s operations driven over the kubernetes client.
 
-``Adapter`` runs each operation's steps (``holdwarden.adapter.core``) one after another on the calling
-thread: a request goes out through the adapter's own ``kubernetes.client.ApiClient`` (a copy
-of the caller's configuration with urllib3's retries off, so no request is re-sent behind
-its back and the caller's client is never modified), and urllib3's failures are sorted into
-the core's three transport kinds. Everything else (deadlines, timeouts, retries, decisions,
-error classes and messages) is the core's, shared with ``holdwarden.adapter.aio.AsyncAdapter``.
+``Adapter`` runs each operation's steps (``holdwarden.adapter.core``) one after another on the
+calling thread: a request goes out through the adapter's own ``kubernetes.client.ApiClient`` (a copy
+of the caller's configuration with urllib3's retries off, so no request is re-sent behind its back
+and the caller's client is never modified), and urllib3's failures are sorted into the core's three
+transport kinds. Everything else (deadlines, timeouts, retries, decisions, error classes and
+messages) is the core's, shared with ``holdwarden.adapter.aio.AsyncAdapter``.
 
 Why the kubernetes client and not the generated API methods: the read-to-write gap is what
 a busy node stretches (issue 11). The generated methods validate every argument with

@@ -1,7 +1,7 @@
 """The steps the adapter's operations yield, and what a driver answers them with.
 
-An operation (``holdwarden.adapter.core``, ``holdwarden.adapter.preflight``) is a generator. It yields *steps*
-and is resumed with their results:
+An operation (``holdwarden.adapter.core``, ``holdwarden.adapter.preflight``) is a generator. It
+yields *steps* and is resumed with their results:
 
 - ``Send(req, http, timeout)``: send one HTTP request and resume with its decoded JSON
   answer (None when ``http.decode`` is false), or throw one of the ``DriverError`` classes
@@ -18,13 +18,14 @@ and is resumed with their results:
 - ``NextChange(watch, wait)``: wait up to ``wait`` seconds for an event that arrives after
   the step began, then resume with the watch's newest ``WatchView`` (fresh or not).
 
-A driver (``holdwarden.adapter.kube.Adapter`` on the kubernetes client, ``holdwarden.adapter.aio.AsyncAdapter``
-on aiohttp) only runs steps: it decides nothing and maps no error. So the deadline checks,
-the retries, the error classes and the request log are the same in both, written once in
-the operations (``holdwarden.adapter.core``).
+A driver (``holdwarden.adapter.kube.Adapter`` on the kubernetes client,
+``holdwarden.adapter.aio.AsyncAdapter`` on aiohttp) only runs steps: it decides nothing and maps no
+error. So the deadline checks, the retries, the error classes and the request log are the same in
+both, written once in the operations (``holdwarden.adapter.core``).
 
-This module is only the vocabulary both sides share: the operations import it to ask, the
-drivers (``holdwarden.adapter.kube``, ``holdwarden.adapter.aio``) to answer. It decides nothing and sends nothing.
+This module is only the vocabulary both sides share: the operations import it to ask, the drivers
+(``holdwarden.adapter.kube``, ``holdwarden.adapter.aio``) to answer. It decides nothing and sends
+nothing.
 """
 
 from __future__ import annotations

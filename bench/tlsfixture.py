@@ -1,10 +1,10 @@
 """The TLS files a bench server reads, and the client context that trusts them.
 
-Every bench script that starts an ``EnforcerServer`` (or the floor server beside it) on
-127.0.0.1 needs the same thing: a throwaway CA, a serving certificate it signs, the files
-in a cert dir, and a client that verifies the server against that CA. The certificates
-come from ``holdwarden.certs.generate`` and the files are written by ``holdwarden.certs.bundle``, as the shipped
-code makes and writes them.
+Every bench script that starts an ``EnforcerServer`` (or the floor server beside it) on 127.0.0.1
+needs the same thing: a throwaway CA, a serving certificate it signs, the files in a cert dir, and a
+client that verifies the server against that CA. The certificates come from
+``holdwarden.certs.generate`` and the files are written by ``holdwarden.certs.bundle``, as the
+shipped code makes and writes them.
 """
 
 from __future__ import annotations

@@ -185,8 +185,8 @@ def view_of(
 
 
 class SelfManagedTLS:
-    """A TLS source (``holdwarden.webhook.server.TLSSource``, served by ``holdwarden serve``) fed from
-    the Secret, and, on the Lease holder, the writer of that Secret and of the caBundle."""
+    """A TLS source (``holdwarden.webhook.server.TLSSource``, served by ``holdwarden serve``) fed
+    from the Secret, and, on the Lease holder, the writer of that Secret and of the caBundle."""
 
     def __init__(
         self,

@@ -2,12 +2,12 @@
 
 Shape (client-go's): four informers (``holdwarden.readmission.informer``) keep watch caches of the
 AdmissionChecks, the Workloads, the TrainJobs and the pods labelled
-``jobset.sigs.k8s.io/jobset-name`` (the only pods the gate counts; slimmed to their
-metadata), all cluster-wide. Every change enqueues the keys it can affect, a Workload's
-own key, or, for a TrainJob or a pod, the keys of the Workloads that TrainJob controls,
-in a deduplicating, rate-limited work queue (``holdwarden.readmission.workqueue``). One worker decides each
-key with ``holdwarden.readmission.decisions.decide_readmission``; every ``readmission.interval`` a
-resync enqueues every gated Workload again (from the cache, no request) as a safety net.
+``jobset.sigs.k8s.io/jobset-name`` (the only pods the gate counts; slimmed to their metadata), all
+cluster-wide. Every change enqueues the keys it can affect, a Workload's own key, or, for a TrainJob
+or a pod, the keys of the Workloads that TrainJob controls, in a deduplicating, rate-limited work
+queue (``holdwarden.readmission.workqueue``). One worker decides each key with
+``holdwarden.readmission.decisions.decide_readmission``; every ``readmission.interval`` a resync
+enqueues every gated Workload again (from the cache, no request) as a safety net.
 
 Invariants kept:
 

@@ -1,5 +1,5 @@
-"""holdwarden.certs.inject against the real kube-apiserver, and the whole certificate story end to end:
-the apiserver calls a TLS server through a caBundle we injected, across a rotation.
+"""holdwarden.certs.inject against the real kube-apiserver, and the whole certificate story end to
+end: the apiserver calls a TLS server through a caBundle we injected, across a rotation.
 """
 
 from __future__ import annotations

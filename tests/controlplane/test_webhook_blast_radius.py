@@ -132,7 +132,8 @@ def test_shipped_namespace_selector_excludes_kube_system_and_our_namespace() -> 
 
 
 def test_overlay_patch_replaces_the_shipped_expression() -> None:
-    """The patch `python -m holdwarden.webhook.match_conditions` prints applies at the path it names."""
+    """The patch `python -m holdwarden.webhook.match_conditions` prints applies at the path it
+    names."""
     ops = yaml.safe_load(overlay_patch("example.com", ["kueue-writers"]))
     (op,) = ops
     assert op["op"] == "replace"

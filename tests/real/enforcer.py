@@ -91,10 +91,10 @@ def enforcement(
 ) -> Iterator[Enforcement]:
     """The enforcer registered in the apiserver, and the readmission gate running.
 
-    ``queueless``: Kueue manages jobs without a queue name in the namespaces this selector
-    (its managedJobsNamespaceSelector) selects; the enforcer is configured so, and its
-    second webhook entry is registered too (holdwarden.webhook.match_conditions.kueue_namespace_webhook,
-    confined like the first to this run's namespaces)."""
+    ``queueless``: Kueue manages jobs without a queue name in the namespaces this selector (its
+    managedJobsNamespaceSelector) selects; the enforcer is configured so, and its second webhook
+    entry is registered too (holdwarden.webhook.match_conditions.kueue_namespace_webhook, confined
+    like the first to this run's namespaces)."""
     ca = generate_ca()
     leaf = generate_serving(ca, "holdwarden", "holdwarden-system", ip_addresses=["127.0.0.1"])
     (work / "tls.crt").write_bytes(leaf.cert_pem)

@@ -1,4 +1,5 @@
-"""holdwarden.certs.generate, holdwarden.certs.bundle, holdwarden.certs.rotate and the `holdwarden certs` CLI (no cluster)."""
+"""holdwarden.certs.generate, holdwarden.certs.bundle, holdwarden.certs.rotate and the
+`holdwarden certs` CLI (no cluster)."""
 
 from __future__ import annotations
 
