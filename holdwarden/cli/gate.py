@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from holdwarden.cli.logs import add_log_level_argument, configure_logging
+from holdwarden.cli.logs import add_log_level_argument, configure_logging, flush_logs
 from holdwarden.cli.serve import check_address
 from holdwarden.config import Config, ConfigError
 from holdwarden.kubeclient import PRECEDENCE_HELP
@@ -69,6 +69,7 @@ def gate_command(args: argparse.Namespace) -> int:
         api = api_client(args.kubeconfig, args.context)
     except KubeconfigError as exc:
         log.error("cannot run the gate", extra={"fields": {"error": str(exc)}})
+        flush_logs()
         return 1
     try:
         asyncio.run(run_gate(config, api))
@@ -77,4 +78,5 @@ def gate_command(args: argparse.Namespace) -> int:
         return 1
     finally:
         api.close()  # type: ignore[no-untyped-call]
+        flush_logs()  # the last lines are on stderr when the command returns
     return 0

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from holdwarden.cli.logs import add_log_level_argument, configure_logging
+from holdwarden.cli.logs import add_log_level_argument, configure_logging, flush_logs
 from holdwarden.config import AUDIT_SINKS, CERT_MODES, Config, ConfigError, check_audit_sinks
 
 if TYPE_CHECKING:
@@ -123,4 +123,6 @@ def serve_command(args: argparse.Namespace) -> int:
             "cannot serve", extra={"fields": {"error": str(exc)}}
         )
         return 1
+    finally:
+        flush_logs()  # the last lines are on stderr when the command returns
     return 0
