@@ -59,6 +59,12 @@ CONDITION_NAME = "could-break-a-hold"
 KUEUE_NAMESPACE_CONDITION_NAME = "kueue-owns-suspend-without-queue-name"
 # kube-system and holdwarden's own namespace are never judged (manifests/webhook.yaml).
 SKIPPED_NAMESPACES = ("kube-system", "holdwarden-system")
+# Every webhook entry's timeoutSeconds (the API's default). With failurePolicy Fail a call
+# that times out refuses the write, so the timeout is headroom against a slow answer, not
+# a latency target: on two CPU-starved cores (tests/pods under two busy loops) refusals,
+# which wait for their audit line, took up to 5 s during rollouts, and 5 s timeouts
+# refused a few held writes the rules allow.
+WEBHOOK_TIMEOUT_SECONDS = 10
 
 # The hold keys without their prefix (vocabulary.Annotations.hold_keys, the same four).
 HOLD_KEY_SUFFIXES = ("hold-instance", "hold-reason", "held-at", "held-by")
@@ -156,7 +162,7 @@ def kueue_namespace_webhook(
         "sideEffects": "None",
         "failurePolicy": failure_policy,
         "matchPolicy": "Equivalent",
-        "timeoutSeconds": 5,
+        "timeoutSeconds": WEBHOOK_TIMEOUT_SECONDS,
         "namespaceSelector": kueue_namespace_selector(selector, skipped_namespaces),
         "matchConditions": [
             {

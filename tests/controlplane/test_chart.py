@@ -392,21 +392,20 @@ def test_a_duration_the_grace_period_cannot_read_is_refused_naming_it(
      ["certificates.mode=provided", "sidecar.enabled=true", "sidecar.supervisorImage=s:1"]],
     ids=["enforcer-and-gate", "sidecar"],
 )  # fmt: skip
-def test_every_liveness_probe_waits_5_s_for_an_answer(
-    helm: Path, tmp_path: Path, values: list[str]
-) -> None:
-    """As the kustomize manifests (tests/controlplane/test_manifests.py): liveness catches a hung
-    process, not a busy node."""
+def test_every_probe_waits_5_s_for_an_answer(helm: Path, tmp_path: Path, values: list[str]) -> None:
+    """As the kustomize manifests (tests/controlplane/test_manifests.py): a probe catches a
+    hung process, not a busy node."""
     pods = [
         o["spec"]["template"]["spec"]
         for o in helm_template(helm, values, tmp_path)
         if o["kind"] in ("Deployment", "StatefulSet")
     ]
     probes = [
-        (c["name"], c["livenessProbe"])
+        (c["name"], kind, c[kind])
         for p in pods
         for c in p["containers"]
-        if "livenessProbe" in c
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe")
+        if kind in c
     ]
-    assert probes, values
-    assert all(probe.get("timeoutSeconds", 1) >= 5 for _, probe in probes), probes
+    assert len(probes) >= 3, values
+    assert all(probe.get("timeoutSeconds", 1) >= 5 for *_, probe in probes), probes

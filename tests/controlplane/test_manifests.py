@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from holdwarden.config import CertificatesConfig, Config, split_address
 from holdwarden.vocabulary import FAILURE_POLICY_ANNOTATION, TRAINJOB, WORKLOAD
+from holdwarden.webhook.match_conditions import WEBHOOK_TIMEOUT_SECONDS
 from rig.localcluster import LocalCluster
 from tests.support.kustomize import render
 
@@ -113,7 +114,7 @@ def test_webhook_configuration_matches_the_contract() -> None:
     assert hook["failurePolicy"] == "Ignore"
     assert vwc["metadata"]["annotations"][FAILURE_POLICY_ANNOTATION] == "Fail"
     assert hook["matchPolicy"] == "Equivalent"
-    assert hook["timeoutSeconds"] == 5
+    assert hook["timeoutSeconds"] == WEBHOOK_TIMEOUT_SECONDS == 10
     assert "caBundle" not in hook["clientConfig"]  # injected by the self-managed leader
     service = one("Service")
     assert hook["clientConfig"]["service"] == {
@@ -365,30 +366,37 @@ def test_the_apiserver_accepts_every_object_strictly(
         assert warnings == [], f"{name} {doc['kind']}: {warnings}"
 
 
-def _liveness_probes(node: Any, where: str) -> list[tuple[str, Any]]:
-    """Every ``livenessProbe`` under ``node``, with the container that has it."""
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+def _probes(node: Any, where: str) -> list[tuple[str, Any]]:
+    """Every startup, readiness and liveness probe under ``node``, with the container and
+    the kind of probe."""
     found: list[tuple[str, Any]] = []
     if isinstance(node, dict):
-        if "livenessProbe" in node:
-            found.append((f"{where}:{node.get('name', '?')}", node["livenessProbe"]))
+        for kind in PROBES:
+            if kind in node:
+                found.append((f"{where}:{node.get('name', '?')}:{kind}", node[kind]))
         for value in node.values():
-            found += _liveness_probes(value, where)
+            found += _probes(value, where)
     elif isinstance(node, list):
         for item in node:
-            found += _liveness_probes(item, where)
+            found += _probes(item, where)
     return found
 
 
-def test_every_liveness_probe_waits_5_s_for_an_answer() -> None:
-    """Liveness restarts a Pod: it must catch a hung process, not a busy node. With the
-    default 1 s timeout the gate's Pods were restarted on a CPU-starved node (a loaded
-    run of tests/pods); every shipped liveness probe waits 5 s."""
+def test_every_probe_waits_5_s_for_an_answer() -> None:
+    """A probe must catch a hung process, not a busy node. With the default 1 s timeout
+    the gate's Pods were restarted (liveness) and a serving enforcer Pod was taken out of
+    the Service for 10 s mid-rollout (readiness), on a CPU-starved node (a loaded run of
+    tests/pods); every shipped probe waits 5 s."""
     probes = [
         probe
         for path in sorted(MANIFESTS.rglob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text())
-        for probe in _liveness_probes(doc, str(path.relative_to(ROOT)))
+        for probe in _probes(doc, str(path.relative_to(ROOT)))
     ]
-    assert len(probes) >= 4, probes  # enforcer, gate, sidecar, durable-audit
+    # enforcer, gate, sidecar, durable-audit: three probes each
+    assert len(probes) >= 12, probes
     slow = [(where, p) for where, p in probes if p.get("timeoutSeconds", 1) < 5]
     assert not slow, slow

@@ -228,6 +228,15 @@ class Tally:
         )
 
 
+def latencies(outcomes: list[Outcome]) -> str:
+    """The writes' latency (request to answer, as the writer saw it): median, p99, max."""
+    took = sorted(o.at - o.began for o in outcomes)
+    if not took:
+        return "no writes"
+    p99 = took[min(len(took) - 1, int(len(took) * 0.99))]
+    return f"latency median {took[len(took) // 2]:.2f}s p99 {p99:.2f}s max {took[-1]:.2f}s"
+
+
 def tally(outcomes: list[Outcome]) -> Tally:
     t = Tally()
     for o in outcomes:
@@ -429,8 +438,10 @@ def assert_clean(state: Installed, what: str, start: float, calls_before: dict[s
     calls = webhook_calls(state.cluster)
     judged = calls["allowed"] - calls_before["allowed"]
     errors = calls["call-errors"] - calls_before["call-errors"]
-    report(f"disruptions: {what}: {times}; writer: {counts.line()}; apiserver: {judged:.0f} "
-           f"calls to the enforcer allowed, {errors:.0f} failed calls")  # fmt: skip
+    report(
+        f"disruptions: {what}: {times}; writer: {counts.line()}, {latencies(outcomes)}; "
+        f"apiserver: {judged:.0f} calls to the enforcer allowed, {errors:.0f} failed calls"
+    )
     assert counts.wrongly_refused == 0 and counts.failed == 0, (
         f"{what}: {counts.line()}\n" + "\n".join(counts.samples[:10])
     )
