@@ -40,7 +40,8 @@ import msgspec
 from kubernetes import client as k8s
 
 from holdwarden import kubeclient
-from holdwarden.adapter.core import Clock, Core, CoreView
+from holdwarden.adapter.core import Core, CoreView
+from holdwarden.adapter.operations.context import Clock, Context
 from holdwarden.adapter.steps import (
     ApiStatusError,
     BeforeRequest,
@@ -135,7 +136,7 @@ class AsyncAdapter(CoreView):
     ) -> None:
         # The core is held: it hands out the operations this driver runs, and keeps the
         # state they share (caches, request log); the hook runs here, on BeforeRequest.
-        self._core = Core(config, clock=clock, lazy_preflight=lazy_preflight)
+        self._core = Core(Context(config, clock=clock, lazy_preflight=lazy_preflight))
         self._hook = before_request
         if connection_limit < 1:
             raise ValueError(f"connection_limit must be at least 1, got {connection_limit}")

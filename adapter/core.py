@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 from holdwarden.adapter.operations import hold, observe, open, preflight, release, start
 from holdwarden.adapter.operations.context import Clock, Context
@@ -24,61 +24,19 @@ __all__ = ["Clock", "Core", "CoreView"]
 
 
 class Core:
-    """Start, Open, Hold, Release, Observe and Preflight, as operations to drive.
-
-    ``clock``: returns the current aware datetime (tests inject one).
+    """Start, Open, Hold, Release, Observe and Preflight, as operations to drive, on the
+    state of one adapter (``context``: its configuration, clock, caches and request log;
+    tests seed its caches).
 
     Preflight runs lazily, once per namespace, on the first Hold or Release there (bounded
     by that call's deadline), after that call's first read (so the call's own errors, e.g.
     a missing TrainJob, come first), and is cached per adapter; ``preflight(ns)`` runs it
-    again and replaces the cached result, ``forget_preflight()`` drops it.
-    ``lazy_preflight``: ``"full"`` (default) probes as ``preflight()`` does, including the
-    dry-run creates; ``"access"`` asks only SelfSubjectAccessReviews (no ``create`` right
-    needed: what the CLI's hold and release use).
+    again and replaces the cached result, ``Context.forget_preflight()`` drops it. How the
+    lazy run probes is ``Context``'s ``lazy_preflight``.
     """
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        clock: Clock | None = None,
-        lazy_preflight: Literal["full", "access"] = "full",
-    ) -> None:
-        if lazy_preflight not in ("full", "access"):
-            raise ValueError(f"lazy_preflight must be 'full' or 'access', got {lazy_preflight!r}")
-        self.context = Context(config, clock=clock, lazy_preflight=lazy_preflight)
-        """The state the operations share (tests seed its caches)."""
-
-    @property
-    def config(self) -> Config:
-        return self.context.config
-
-    @property
-    def call_bound(self) -> timedelta:
-        """``timeouts.apiserverRequest`` + 5 s: how long after its deadline a call's last
-        request may still commit (the margin covers clock skew and the etcd commit of a
-        request that timed out at the API server)."""
-        return self.context.call_bound
-
-    @property
-    def request_count(self) -> int:
-        """Requests sent so far (every verb, every call); the benchmark reads it."""
-        return self.context.request_count
-
-    @property
-    def request_log(self) -> deque[Request]:
-        """The last 10,000 requests sent, each with the timeout it was allowed."""
-        return self.context.request_log
-
-    def forget_preflight(self, namespace: str | None = None) -> None:
-        """Drop the cached preflight of ``namespace`` (every namespace when None): the next
-        Hold or Release there probes again (e.g. after RBAC or the enforcer changed)."""
-        if namespace is None:
-            self.context.preflights.clear()
-        else:
-            self.context.preflights.pop(namespace, None)
-
-    # ---- the contract, as operations ---------------------------------------------------
+    def __init__(self, context: Context) -> None:
+        self.context = context
 
     def start(self, trainjob: dict[str, Any], meta: CallMeta) -> Operation[Ref]:
         return start.start(self.context, trainjob, meta)
@@ -108,26 +66,26 @@ class CoreView:
 
     @property
     def config(self) -> Config:
-        return self._core.config
+        return self._core.context.config
 
     @property
     def call_bound(self) -> timedelta:
         """``timeouts.apiserverRequest`` + 5 s: how long after its deadline a call's last
         request may still commit (the margin covers clock skew and the etcd commit of a
         request that timed out at the API server)."""
-        return self._core.call_bound
+        return self._core.context.call_bound
 
     @property
     def request_count(self) -> int:
         """Requests sent so far (every verb, every call); the benchmark reads it."""
-        return self._core.request_count
+        return self._core.context.request_count
 
     @property
     def request_log(self) -> deque[Request]:
         """The last 10,000 requests sent, each with the timeout it was allowed."""
-        return self._core.request_log
+        return self._core.context.request_log
 
     def forget_preflight(self, namespace: str | None = None) -> None:
         """Drop the cached preflight of ``namespace`` (every namespace when None): the next
         Hold or Release there probes again (e.g. after RBAC or the enforcer changed)."""
-        self._core.forget_preflight(namespace)
+        self._core.context.forget_preflight(namespace)

@@ -32,8 +32,8 @@ import urllib3
 from kubernetes import client as k8s
 
 from holdwarden import kubeclient
-from holdwarden.adapter.core import Clock, Core, CoreView
-from holdwarden.adapter.operations.context import CALL_BOUND_MARGIN
+from holdwarden.adapter.core import Core, CoreView
+from holdwarden.adapter.operations.context import CALL_BOUND_MARGIN, Clock, Context
 from holdwarden.adapter.operations.start import START_POLL_INTERVAL_S
 from holdwarden.adapter.operations.write_loop import MAX_RETRIES
 from holdwarden.adapter.steps import (
@@ -97,7 +97,7 @@ class Adapter(CoreView):
     ) -> None:
         # The core is held: it hands out the operations this driver runs, and keeps the
         # state they share (caches, request log); the hook runs here, on BeforeRequest.
-        self._core = Core(config, clock=clock, lazy_preflight=lazy_preflight)
+        self._core = Core(Context(config, clock=clock, lazy_preflight=lazy_preflight))
         self._hook = before_request
         self._lock = threading.Lock()
         # The adapter's own client, built from a copy of the caller's configuration: the

@@ -55,8 +55,10 @@ class Context:
     """One adapter's shared state, and its sending (see the module).
 
     ``clock``: returns the current aware datetime (tests inject one). ``lazy_preflight``:
-    how a namespace's first Hold or Release probes (``"full"`` or ``"access"``; see
-    ``holdwarden.adapter.core.Core``).
+    how a namespace's first Hold or Release probes: ``"full"`` (default) as
+    ``preflight()`` does, including the dry-run creates; ``"access"`` only
+    SelfSubjectAccessReviews (no ``create`` right needed: what the CLI's hold and release
+    use).
     """
 
     def __init__(
@@ -66,6 +68,8 @@ class Context:
         clock: Clock | None = None,
         lazy_preflight: Literal["full", "access"] = "full",
     ) -> None:
+        if lazy_preflight not in ("full", "access"):
+            raise ValueError(f"lazy_preflight must be 'full' or 'access', got {lazy_preflight!r}")
         self.config = config
         self.mode: Mode = config.mode
         self.annotations = Annotations(config.annotation_prefix)
@@ -87,6 +91,13 @@ class Context:
         request may still commit (the margin covers clock skew and the etcd commit of a
         request that timed out at the API server)."""
         return self.config.apiserver_request_timeout + CALL_BOUND_MARGIN
+
+    def forget_preflight(self, namespace: str | None = None) -> None:
+        """Drop the cached preflight of ``namespace`` (every namespace when None)."""
+        if namespace is None:
+            self.preflights.clear()
+        else:
+            self.preflights.pop(namespace, None)
 
     def deadline(self, meta: CallMeta) -> datetime:
         """The call's deadline: ``Invalid`` when missing or naive, ``DeadlinePassed`` when

@@ -26,6 +26,7 @@ from holdwarden.adapter.errors import (
     Rejected,
     Unreachable,
 )
+from holdwarden.adapter.operations.context import Context
 from holdwarden.adapter.operations.write_loop import (
     CHANGE_WAIT_S,
     CONFLICT_BACKOFF_CAP_S,
@@ -81,7 +82,7 @@ def trainjob(rv: str = "1", annotations: dict[str, str] | None = None) -> dict[s
 
 
 def plain_core(clock: Clock) -> Core:
-    core = Core(Config(mode="plain", holder="dispatch"), clock=clock)
+    core = Core(Context(Config(mode="plain", holder="dispatch"), clock=clock))
     ok = Capability(True, "test")
     core.context.preflights[REF.namespace] = PreflightResult(  # as if preflight had passed
         mode="plain",
@@ -150,7 +151,7 @@ def test_a_plain_hold_is_hook_get_hook_patch_and_the_patch_keeps_the_read_versio
     assert patch.http.content_type == "application/merge-patch+json"
     assert patch.http.body["metadata"]["resourceVersion"] == "41"
     assert patch.http.body["spec"] == {"suspend": True}
-    assert steps[-1] is None and core.request_count == 2
+    assert steps[-1] is None and core.context.request_count == 2
     assert all(0 < s.timeout <= 10 for s in (get, patch))
 
 
@@ -297,7 +298,13 @@ def test_a_retry_reads_the_object_from_a_watch_opened_at_the_first_conflict() ->
         "6",
         "7",
     ]
-    assert [r.verb for r in core.request_log] == ["get", "update", "watch", "update", "update"]
+    assert [r.verb for r in core.context.request_log] == [
+        "get",
+        "update",
+        "watch",
+        "update",
+        "update",
+    ]
     # The watch is a request like any other: the hook sees it before it is sent.
     assert isinstance(steps[steps.index(opened[0]) - 1], BeforeRequest)
 
@@ -539,7 +546,7 @@ def test_a_kueue_hold_reads_the_trainjob_and_its_cached_workload_at_once() -> No
     ]
     assert all(0 < s.timeout <= 10 for s in pair.sends)
     assert written_versions(steps) == ["7"]
-    assert core.request_count == 3
+    assert core.context.request_count == 3
 
 
 @pytest.mark.parametrize(
@@ -641,7 +648,7 @@ def test_a_plain_release_retried_after_a_status_write_lists_the_pods_once() -> N
     assert steps.index(pod_lists(steps)[0]) < steps.index(sends(steps, "PATCH")[0])
     assert written_versions(steps) == ["5", "6", "7"]
     assert all((p.http.body or {}).get("spec") == {"suspend": False} for p in sends(steps, "PATCH"))
-    assert [r.verb for r in core.request_log] == [
+    assert [r.verb for r in core.context.request_log] == [
         "get",
         "list",
         "update",
@@ -695,7 +702,7 @@ def test_a_plain_release_lists_the_pods_again_unless_the_trainjob_stayed_suspend
     assert len(pod_lists(steps)) == 2, why
     # Each pod check lies between the read it follows and the write decided on that read.
     # (The watch is refused here: the retry reads with a GET.)
-    verbs = [r.verb for r in core.request_log if r.verb != "watch"]
+    verbs = [r.verb for r in core.context.request_log if r.verb != "watch"]
     assert verbs == ["get", "list", "update"] * 2
 
 
