@@ -15,12 +15,12 @@ from datetime import timedelta
 from typing import Any
 
 from holdwarden.adapter.operations import hold, observe, open, preflight, release, start
-from holdwarden.adapter.operations.context import Clock, Context
+from holdwarden.adapter.operations.context import Context
 from holdwarden.adapter.steps import Operation, Request
 from holdwarden.adapter.types import CallMeta, Observation, PreflightResult, Ref, ReleaseResult
 from holdwarden.config import Config
 
-__all__ = ["Clock", "Core", "CoreView"]
+__all__ = ["Core", "CoreView"]
 
 
 class Core:

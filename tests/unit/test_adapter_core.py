@@ -8,9 +8,11 @@ both drivers); this file pins the protocol the two drivers share.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -722,3 +724,21 @@ def test_a_retry_that_finds_a_pod_after_the_spec_changed_writes_nothing() -> Non
     )
     assert type(steps[-1]).__name__ == "PodsRemain", steps[-1]
     assert len(sends(steps, "PATCH")) == 1
+
+
+# ---- the steps' types hold: every step is yielded through its typed helper -----------------
+
+
+def test_the_operations_yield_steps_only_through_the_typed_helpers() -> None:
+    """An ``Operation`` resumes a bare ``yield`` with ``object``; the helpers in
+    ``holdwarden.adapter.steps`` say what each step resumes with, so mypy checks every use
+    of a step's result only while the operations never yield a step themselves."""
+    root = Path(__file__).resolve().parents[2] / "adapter"
+    modules = [*sorted((root / "operations").glob("*.py")), root / "preflight.py"]
+    bare = [
+        f"{path.relative_to(root.parent)}:{node.lineno}"
+        for path in modules
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Yield)
+    ]
+    assert len(modules) > 10 and not bare, bare
