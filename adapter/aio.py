@@ -1,7 +1,8 @@
-"""The asyncio adapter: ``holdwarden.adapter.core``'s operations driven over aiohttp.
+"""The asyncio adapter: the operations of the core it holds, driven over aiohttp.
 
 ``AsyncAdapter`` has the sync ``Adapter``'s contract exactly (the same operations, decisions,
-deadline checks, retries, error classes and messages: they are ``holdwarden.adapter.core``'s), with
+deadline checks, retries, error classes and messages: they are the held
+``holdwarden.adapter.core.Core``'s, ``holdwarden.adapter.operations``), with
 ``async`` methods. Only the transport differs: an ``aiohttp.ClientSession`` of the adapter's
 own, built from a copy of a ``kubernetes.client`` configuration (so kubeconfig, in-cluster
 config, client certificates, bearer tokens and their refresh hook, and impersonation
@@ -39,7 +40,8 @@ import msgspec
 from kubernetes import client as k8s
 
 from holdwarden import kubeclient
-from holdwarden.adapter.core import AdapterCore, Clock
+from holdwarden.adapter.core import Core, CoreView
+from holdwarden.adapter.operations.context import Clock, Context
 from holdwarden.adapter.steps import (
     ApiStatusError,
     BeforeRequest,
@@ -106,13 +108,13 @@ def _ssl_context(configuration: k8s.Configuration) -> ssl.SSLContext:
     return context
 
 
-class AsyncAdapter(AdapterCore):
+class AsyncAdapter(CoreView):
     """Start, Open, Hold, Release, Observe and Preflight on TrainJobs, as coroutines.
 
     ``api_client``: a ``kubernetes.client.ApiClient`` whose configuration and default
     headers are copied, never used or modified (default: in-cluster config, else the
     kubeconfig). ``connection_limit``: connections kept to the API server at most. The
-    other arguments are ``AdapterCore``'s; a ``before_request`` hook may be a coroutine
+    other arguments are the sync ``Adapter``'s; a ``before_request`` hook may be a coroutine
     function (it is awaited).
 
     Use it as ``async with AsyncAdapter(config) as adapter:`` or call ``aclose()``. Its
@@ -132,9 +134,10 @@ class AsyncAdapter(AdapterCore):
         lazy_preflight: Literal["full", "access"] = "full",
         connection_limit: int = DEFAULT_CONNECTION_LIMIT,
     ) -> None:
-        super().__init__(
-            config, clock=clock, before_request=before_request, lazy_preflight=lazy_preflight
-        )
+        # The core is held: it hands out the operations this driver runs, and keeps the
+        # state they share (caches, request log); the hook runs here, on BeforeRequest.
+        self._core = Core(Context(config, clock=clock, lazy_preflight=lazy_preflight))
+        self._hook = before_request
         if connection_limit < 1:
             raise ValueError(f"connection_limit must be at least 1, got {connection_limit}")
         source = api_client if api_client is not None else kubeclient.api_client()
@@ -176,24 +179,24 @@ class AsyncAdapter(AdapterCore):
     async def start(self, trainjob: dict[str, Any], meta: CallMeta) -> Ref:
         """Create the TrainJob; in Kueue mode wait (bounded by the deadline) for its
         Workload, so every started object has one. On timeout the TrainJob stays created."""
-        return await self._drive(self._start(trainjob, meta))
+        return await self._drive(self._core.start(trainjob, meta))
 
     async def open(self, ref: Ref, meta: CallMeta) -> None:
         """Mark the TrainJob opened (plain mode: and run it if it waits at its start gate)."""
-        await self._drive(self._open(ref, meta))
+        await self._drive(self._core.open(ref, meta))
 
     async def hold(self, ref: Ref, meta: CallMeta, reason: str) -> None:
         """Place hold ``meta.instance`` (see the spec's conflict rules)."""
-        await self._drive(self._hold(ref, meta, reason))
+        await self._drive(self._core.hold(ref, meta, reason))
 
     async def release(self, ref: Ref, meta: CallMeta) -> ReleaseResult:
         """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force.
         Returns what the caller must still act on (``ReleaseResult.warnings``)."""
-        return await self._drive(self._release(ref, meta))
+        return await self._drive(self._core.release(ref, meta))
 
     async def observe(self, ref: Ref) -> Observation:
         """Classify the TrainJob (and its Workload in Kueue mode). Sends no writes."""
-        return await self._drive(self._observe(ref))
+        return await self._drive(self._core.observe(ref))
 
     async def preflight(
         self, namespace: str = "default", *, refresh: bool = True
@@ -201,7 +204,7 @@ class AsyncAdapter(AdapterCore):
         """Probe what the adapter can do in ``namespace`` (every probe, dry-run creates
         included) and cache it for Hold/Release. ``refresh=False`` returns the cached result
         when there is one (which may come from the lighter lazy check)."""
-        return await self._drive(self._preflight(namespace, refresh))
+        return await self._drive(self._core.preflight(namespace, refresh))
 
     # ---- the driver ------------------------------------------------------------------
 

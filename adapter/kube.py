@@ -1,11 +1,12 @@
-"""The sync adapter: ``holdwarden.adapter.core``'s operations driven over the kubernetes client.
+"""The sync adapter: the operations of the core it holds, driven over the kubernetes client.
 
-``Adapter`` runs each operation's steps (``holdwarden.adapter.core``) one after another on the
-calling thread: a request goes out through the adapter's own ``kubernetes.client.ApiClient`` (a copy
-of the caller's configuration with urllib3's retries off, so no request is re-sent behind its back
-and the caller's client is never modified), and urllib3's failures are sorted into the core's three
-transport kinds. Everything else (deadlines, timeouts, retries, decisions, error classes and
-messages) is the core's, shared with ``holdwarden.adapter.aio.AsyncAdapter``.
+``Adapter`` holds a ``holdwarden.adapter.core.Core`` and runs the steps of each operation it
+hands out (``holdwarden.adapter.operations``) one after another on the calling thread: a
+request goes out through the adapter's own ``kubernetes.client.ApiClient`` (a copy of the
+caller's configuration with urllib3's retries off, so no request is re-sent behind its back
+and the caller's client is never modified), and urllib3's failures are sorted into the core's
+three transport kinds. Everything else (deadlines, timeouts, retries, decisions, error classes
+and messages) is the core's, shared with ``holdwarden.adapter.aio.AsyncAdapter``.
 
 Why the kubernetes client and not the generated API methods: the read-to-write gap is what
 a busy node stretches (issue 11). The generated methods validate every argument with
@@ -31,13 +32,10 @@ import urllib3
 from kubernetes import client as k8s
 
 from holdwarden import kubeclient
-from holdwarden.adapter.core import (
-    CALL_BOUND_MARGIN,
-    MAX_RETRIES,
-    START_POLL_INTERVAL_S,
-    AdapterCore,
-    Clock,
-)
+from holdwarden.adapter.core import Core, CoreView
+from holdwarden.adapter.operations.context import CALL_BOUND_MARGIN, Clock, Context
+from holdwarden.adapter.operations.start import START_POLL_INTERVAL_S
+from holdwarden.adapter.operations.write_loop import MAX_RETRIES
 from holdwarden.adapter.steps import (
     FIELD_MANAGER,
     WRITE_VERB,
@@ -78,12 +76,14 @@ WORKER_THREADS = 4
 made on first use, shared by the adapter's calls, ended by ``close()``."""
 
 
-class Adapter(AdapterCore):
+class Adapter(CoreView):
     """Start, Open, Hold, Release, Observe and Preflight on TrainJobs, blocking.
 
     ``api_client``: a ``kubernetes.client.ApiClient`` whose configuration is copied
-    (default: in-cluster config, else the kubeconfig). The other arguments are
-    ``AdapterCore``'s. Thread-safe for concurrent calls.
+    (default: in-cluster config, else the kubeconfig). ``clock`` and ``lazy_preflight``
+    are the held ``holdwarden.adapter.core.Core``'s; ``before_request`` is called with each
+    request just before its deadline check (tests use it to interleave other writers or
+    move the clock between a read and a write). Thread-safe for concurrent calls.
     """
 
     def __init__(
@@ -95,9 +95,11 @@ class Adapter(AdapterCore):
         before_request: RequestHook | None = None,
         lazy_preflight: Literal["full", "access"] = "full",
     ) -> None:
-        super().__init__(
-            config, clock=clock, before_request=before_request, lazy_preflight=lazy_preflight
-        )
+        # The core is held: it hands out the operations this driver runs, and keeps the
+        # state they share (caches, request log); the hook runs here, on BeforeRequest.
+        self._core = Core(Context(config, clock=clock, lazy_preflight=lazy_preflight))
+        self._hook = before_request
+        self._lock = threading.Lock()
         # The adapter's own client, built from a copy of the caller's configuration: the
         # caller's ApiClient is never modified (its retries, its pool) and stays the
         # caller's to use and close; ``close()`` closes only this one.
@@ -130,30 +132,30 @@ class Adapter(AdapterCore):
     def start(self, trainjob: dict[str, Any], meta: CallMeta) -> Ref:
         """Create the TrainJob; in Kueue mode wait (bounded by the deadline) for its
         Workload, so every started object has one. On timeout the TrainJob stays created."""
-        return self._drive(self._start(trainjob, meta))
+        return self._drive(self._core.start(trainjob, meta))
 
     def open(self, ref: Ref, meta: CallMeta) -> None:
         """Mark the TrainJob opened (plain mode: and run it if it waits at its start gate)."""
-        self._drive(self._open(ref, meta))
+        self._drive(self._core.open(ref, meta))
 
     def hold(self, ref: Ref, meta: CallMeta, reason: str) -> None:
         """Place hold ``meta.instance`` (see the spec's conflict rules)."""
-        self._drive(self._hold(ref, meta, reason))
+        self._drive(self._core.hold(ref, meta, reason))
 
     def release(self, ref: Ref, meta: CallMeta) -> ReleaseResult:
         """Lift hold ``meta.instance``; refuses (StaleHold) unless that instance is in force.
         Returns what the caller must still act on (``ReleaseResult.warnings``)."""
-        return self._drive(self._release(ref, meta))
+        return self._drive(self._core.release(ref, meta))
 
     def observe(self, ref: Ref) -> Observation:
         """Classify the TrainJob (and its Workload in Kueue mode). Sends no writes."""
-        return self._drive(self._observe(ref))
+        return self._drive(self._core.observe(ref))
 
     def preflight(self, namespace: str = "default", *, refresh: bool = True) -> PreflightResult:
         """Probe what the adapter can do in ``namespace`` (every probe, dry-run creates
         included) and cache it for Hold/Release. ``refresh=False`` returns the cached result
         when there is one (which may come from the lighter lazy check)."""
-        return self._drive(self._preflight(namespace, refresh))
+        return self._drive(self._core.preflight(namespace, refresh))
 
     # ---- the driver ------------------------------------------------------------------
 

@@ -25,8 +25,9 @@ The capabilities (docs/reference/adapter-api.md, "Preflight"):
   ``kueueForceDelete`` (pods Kueue may force-delete) and, in Kueue mode,
   ``kueueRetention`` (Kueue deletes jobs it deactivated).
 
-``AdapterCore`` owns the cache (one result per namespace) and decides when preflight runs
-(``Adapter.preflight()``, or lazily on a namespace's first Hold or Release).
+The core owns the cache (``holdwarden.adapter.operations.context.Context.preflights``, one result
+per namespace) and decides when preflight runs (``Adapter.preflight()``, or lazily on a
+namespace's first Hold or Release: ``holdwarden.adapter.operations.held``).
 """
 
 from __future__ import annotations
@@ -90,10 +91,10 @@ NOT_PROBED = "not probed (access reviews only; run `holdwarden preflight`)"
 
 
 class Sender(Protocol):
-    """How a probe sends one request: ``AdapterCore._send`` (hook, deadline check, bounded
+    """How a probe sends one request: ``Context.send`` (hook, deadline check, bounded
     timeout, request log; an ``ApiStatusError`` passes through to the probe)."""
 
-    def __call__(self, req: Request, deadline: datetime | None, http: Http) -> Operation[Any]: ...
+    def __call__(self, req: Request, deadline: datetime | None, http: Http) -> Operation[Obj]: ...
 
 
 # ---- typed step results ----------------------------------------------------------------

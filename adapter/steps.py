@@ -1,7 +1,8 @@
 """The steps the adapter's operations yield, and what a driver answers them with.
 
-An operation (``holdwarden.adapter.core``, ``holdwarden.adapter.preflight``) is a generator. It
-yields *steps* and is resumed with their results:
+An operation (``holdwarden.adapter.operations``, ``holdwarden.adapter.preflight``) is a generator.
+It yields *steps*, each through its typed helper below (``send``, ``send_all``, ``pause``,
+``open_watch``, ``next_change``, ``before``), and is resumed with their results:
 
 - ``Send(req, http, timeout)``: send one HTTP request and resume with its decoded JSON
   answer (None when ``http.decode`` is false), or throw one of the ``DriverError`` classes
@@ -21,7 +22,7 @@ yields *steps* and is resumed with their results:
 A driver (``holdwarden.adapter.kube.Adapter`` on the kubernetes client,
 ``holdwarden.adapter.aio.AsyncAdapter`` on aiohttp) only runs steps: it decides nothing and maps no
 error. So the deadline checks, the retries, the error classes and the request log are the same in
-both, written once in the operations (``holdwarden.adapter.core``).
+both, written once in the operations (``holdwarden.adapter.operations``).
 
 This module is only the vocabulary both sides share: the operations import it to ask, the drivers
 (``holdwarden.adapter.kube``, ``holdwarden.adapter.aio``) to answer. It decides nothing and sends
@@ -33,7 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NewType, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -120,9 +121,13 @@ class OpenWatch:
     """Seconds the stream may stay open at most (the read timeout between its events)."""
 
 
+WatchHandle = NewType("WatchHandle", object)
+"""What ``OpenWatch`` resumes with: the driver's own watch, opaque to the operations."""
+
+
 @dataclass(frozen=True)
 class NextChange:
-    watch: Any
+    watch: WatchHandle
     """The handle ``OpenWatch`` resumed with."""
     wait: float
     """Seconds to wait at most for an event that arrives after this step began."""
@@ -198,7 +203,48 @@ class WatchFeed:
 
 
 Step = BeforeRequest | Send | SendAll | Pause | OpenWatch | NextChange
-Operation = Generator[Step, Any, T]
+Operation = Generator[Step, object, T]
+"""An operation: yields steps, returns a ``T``. What a bare ``yield`` resumes with is
+``object``: an operation asks for a step through the typed helpers below (``yield from
+send(step)``, ...), each of which says what its step resumes with, so mypy checks every use
+of a step's result."""
+
+# ---- the steps, typed: what each one resumes with ------------------------------------------
+# Each helper is the one place its step is yielded; its send type is the driver's answer to
+# that step (the contract above). A generator's ``yield from`` takes the helper's return
+# type, so an operation's body works with typed results.
+
+
+def before(req: Request) -> Generator[BeforeRequest, None, None]:
+    """Run the ``before_request`` hook for ``req`` (resumes with nothing)."""
+    yield BeforeRequest(req)
+
+
+def send(step: Send) -> Generator[Send, object, object]:
+    """Send one request; resumes with its decoded JSON (None when not decoded), or a
+    ``DriverError`` is thrown in. The caller (``operations.context``) narrows it."""
+    return (yield step)
+
+
+def send_all(step: SendAll) -> Generator[SendAll, tuple[object, ...], tuple[object, ...]]:
+    """Send several requests at once; resumes with, for each, its decoded JSON or the
+    ``DriverError`` it met."""
+    return (yield step)
+
+
+def pause(seconds: float) -> Generator[Pause, None, None]:
+    """Sleep ``seconds``."""
+    yield Pause(seconds)
+
+
+def open_watch(step: OpenWatch) -> Generator[OpenWatch, WatchHandle, WatchHandle]:
+    """Open a watch; resumes with its handle, or a ``DriverError`` is thrown in."""
+    return (yield step)
+
+
+def next_change(watch: WatchHandle, wait: float) -> Generator[NextChange, WatchView, WatchView]:
+    """Wait up to ``wait`` seconds for the watch's next event; resumes with its view."""
+    return (yield NextChange(watch, wait))
 
 
 class Stepper(Generic[T]):
@@ -210,7 +256,7 @@ class Stepper(Generic[T]):
 
     def __init__(self, operation: Operation[T]) -> None:
         self._operation = operation
-        self._reply: Any = None
+        self._reply: object = None
         self._failure: DriverError | None = None
         self.result: T | None = None
 
@@ -225,7 +271,7 @@ class Stepper(Generic[T]):
             self.result = done.value
             return None
 
-    def reply(self, value: Any) -> None:
+    def reply(self, value: object) -> None:
         self._reply = value
 
     def fail(self, failure: DriverError) -> None:
@@ -293,7 +339,7 @@ def error_for(exc: ApiStatusError, what: str) -> AdapterError:
 def no_request(value: T) -> Operation[T]:
     """An operation that sends nothing and returns ``value`` at once.
 
-    For the places that take an operation (``AdapterCore._read_decide_write``'s ``decide``)
+    For the places that take an operation (``write_loop.read_decide_write``'s ``decide``)
     when the answer needs no request: a pure decision. It yields no step, so a driver
     running it sees it end at its first ``next()``."""
     yield from ()

@@ -2,9 +2,9 @@
 
 No I/O here: each function takes what was read (objects as the API server sent them, the text of a
 ConfigMap, a refusal's status and message) and says what it means. Preflight
-(``holdwarden.adapter.preflight``) and the core (``holdwarden.adapter.core``: Observe, Release,
-every write of a TrainJob) ask the questions; these answer them. docs/explanation/traps.md tells the
-story.
+(``holdwarden.adapter.preflight``) and the operations (``holdwarden.adapter.operations``:
+Observe, Release, every write of a TrainJob) ask the questions; these answer them.
+docs/explanation/traps.md tells the story.
 
 1. Kueue up to v0.19 does not requeue a Workload reactivated after Kueue's *own*
    deactivation: it turns the ``Requeued`` condition True again only when its reason is

@@ -22,7 +22,6 @@ import pytest
 from kubernetes import client as k8s
 
 from holdwarden.adapter import Adapter, CallMeta, Config, Ref, State
-from holdwarden.adapter.core import WATCH_OPEN_S
 from holdwarden.adapter.errors import (
     Conflict,
     Invalid,
@@ -33,6 +32,7 @@ from holdwarden.adapter.errors import (
     Unsupported,
 )
 from holdwarden.adapter.kube import FIELD_MANAGER, MAX_RETRIES, Request
+from holdwarden.adapter.operations.write_loop import WATCH_OPEN_S
 from holdwarden.adapter.steps import Send
 from holdwarden.config import TimeoutsConfig
 from holdwarden.objects import kueue_workload_names
@@ -933,8 +933,8 @@ def test_a_retry_reads_from_a_watch_that_ends_with_the_call(
         "kueue",
         before_request=interleave(lambda: kc.bump_workload_status(wl_name), times=1),
     )
-    adapter._preflights.update(warm._preflights)
-    adapter._workloads.update(warm._workloads)
+    adapter._core.context.preflights.update(warm._core.context.preflights)
+    adapter._core.context.workloads.update(warm._core.context.workloads)
     adapter.hold(ref, meta(2), "r")
     assert [(r.verb, r.resource) for r in adapter.request_log] == [
         ("get", TRAINJOB.plural),

@@ -27,6 +27,7 @@ from holdwarden.adapter.errors import (
     Unsupported,
 )
 from holdwarden.adapter.kube import FIELD_MANAGER, Request
+from holdwarden.adapter.operations.context import Context
 from holdwarden.cli import main
 from holdwarden.config import TimeoutsConfig
 from holdwarden.vocabulary import MAX_HOLD_INSTANCE, TRAINJOB
@@ -324,13 +325,13 @@ def test_cli_hold_and_release_run_no_dry_run_create_unless_asked(
 ) -> None:
     """Before: every CLI hold ran the full preflight (2 dry-run creates, 3 reviews)."""
     sent: list[str] = []
-    original = Adapter._send
+    original = Context.send
 
-    def recording(self: Adapter, req: Request, *args: Any, **kwargs: Any) -> Any:
+    def recording(self: Context, req: Request, *args: Any, **kwargs: Any) -> Any:
         sent.append(req.verb)
         return original(self, req, *args, **kwargs)
 
-    monkeypatch.setattr(Adapter, "_send", recording)
+    monkeypatch.setattr(Context, "send", recording)
     config = tmp_path / "holdwarden.yaml"
     config.write_text("mode: plain\nholder: operator\n")
     kc.create_trainjob("job")

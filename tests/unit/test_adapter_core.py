@@ -8,22 +8,18 @@ both drivers); this file pins the protocol the two drivers share.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from holdwarden.adapter.core import (
-    CHANGE_WAIT_S,
-    CONFLICT_BACKOFF_CAP_S,
-    MAX_RETRIES,
-    AdapterCore,
-    conflict_backoff,
-)
+from holdwarden.adapter.core import Core
 from holdwarden.adapter.errors import (
     AdapterError,
     Conflict,
@@ -31,6 +27,13 @@ from holdwarden.adapter.errors import (
     NotFound,
     Rejected,
     Unreachable,
+)
+from holdwarden.adapter.operations.context import Context
+from holdwarden.adapter.operations.write_loop import (
+    CHANGE_WAIT_S,
+    CONFLICT_BACKOFF_CAP_S,
+    MAX_RETRIES,
+    conflict_backoff,
 )
 from holdwarden.adapter.steps import (
     ApiStatusError,
@@ -47,6 +50,7 @@ from holdwarden.adapter.steps import (
     SendAll,
     Stepper,
     WatchFeed,
+    WatchHandle,
     WatchView,
 )
 from holdwarden.adapter.types import CallMeta, Capability, PreflightResult, Ref, ReleaseResult
@@ -79,10 +83,10 @@ def trainjob(rv: str = "1", annotations: dict[str, str] | None = None) -> dict[s
     }
 
 
-def plain_core(clock: Clock) -> AdapterCore:
-    core = AdapterCore(Config(mode="plain", holder="dispatch"), clock=clock)
+def plain_core(clock: Clock) -> Core:
+    core = Core(Context(Config(mode="plain", holder="dispatch"), clock=clock))
     ok = Capability(True, "test")
-    core._preflights[REF.namespace] = PreflightResult(  # as if preflight had passed
+    core.context.preflights[REF.namespace] = PreflightResult(  # as if preflight had passed
         mode="plain",
         namespace=REF.namespace,
         hold_round_trip=ok,
@@ -135,7 +139,7 @@ def test_a_plain_hold_is_hook_get_hook_patch_and_the_patch_keeps_the_read_versio
     clock = Clock()
     core = plain_core(clock)
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 3), "node lost"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 3), "node lost"),
         lambda send: trainjob("41") if send.http.method == "GET" else None,
     )
     kinds = [type(step).__name__ for step in steps[:-1]]
@@ -149,7 +153,7 @@ def test_a_plain_hold_is_hook_get_hook_patch_and_the_patch_keeps_the_read_versio
     assert patch.http.content_type == "application/merge-patch+json"
     assert patch.http.body["metadata"]["resourceVersion"] == "41"
     assert patch.http.body["spec"] == {"suspend": True}
-    assert steps[-1] is None and core.request_count == 2
+    assert steps[-1] is None and core.context.request_count == 2
     assert all(0 < s.timeout <= 10 for s in (get, patch))
 
 
@@ -168,7 +172,7 @@ def test_each_driver_failure_becomes_its_error_class(
 ) -> None:
     clock = Clock()
     core = plain_core(clock)
-    result = drive(core._observe(REF), lambda send: failure)[-1]
+    result = drive(core.observe(REF), lambda send: failure)[-1]
     assert type(result) is error and words in str(result), result
     if isinstance(failure, NotConnected):
         assert "may still land" not in str(result)
@@ -182,7 +186,7 @@ def test_a_timeout_cut_off_by_the_deadline_is_deadline_passed() -> None:
         clock.now = NOW + timedelta(seconds=11)  # the answer never came before the deadline
         return NoAnswer("timed out")
 
-    result = drive(core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), late)[-1]
+    result = drive(core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), late)[-1]
     assert isinstance(result, DeadlinePassed) and "may still land" in str(result)
 
 
@@ -190,7 +194,7 @@ def test_conflicts_pause_before_each_retry_then_conflict_after_nine_tries() -> N
     clock = Clock()
     core = plain_core(clock)
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
         lambda send: trainjob() if send.http.method == "GET" else conflict(),
     )
     assert isinstance(steps[-1], Conflict) and "9 tries" in str(steps[-1])
@@ -208,9 +212,9 @@ def test_conflicts_pause_before_each_retry_then_conflict_after_nine_tries() -> N
 def test_no_pause_is_taken_that_would_reach_the_deadline() -> None:
     clock = Clock()
     core = plain_core(clock)
-    core._random.random = lambda: 0.999  # type: ignore[method-assign]  # the longest pauses
+    core.context.random.random = lambda: 0.999  # type: ignore[method-assign]  # the longest pauses
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(milliseconds=3), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(milliseconds=3), 1), "r"),
         lambda send: trainjob() if send.http.method == "GET" else conflict(),
     )
     assert not [s for s in steps if isinstance(s, Pause) and s.seconds >= 0.003]
@@ -243,14 +247,18 @@ def test_conflict_backoff_is_bounded_and_grows_with_the_attempt(attempt: int, dr
 # ---- retries read from a watch --------------------------------------------------------
 
 
+HANDLE = WatchHandle(object())
+"""The handle the scripted watch opens with."""
+
+
 def watch_serving(*views: WatchView) -> Callable[[OpenWatch | NextChange], Answer]:
     """A watch that opens, then answers each NextChange with the next of ``views``."""
     queue = list(views)
 
     def answer(step: OpenWatch | NextChange) -> Answer:
         if isinstance(step, OpenWatch):
-            return "handle"
-        assert step.watch == "handle" and step.wait == CHANGE_WAIT_S
+            return HANDLE
+        assert step.watch is HANDLE and step.wait == CHANGE_WAIT_S
         return queue.pop(0)
 
     return answer
@@ -270,7 +278,7 @@ def test_a_retry_reads_the_object_from_a_watch_opened_at_the_first_conflict() ->
     core = plain_core(clock)
     tries = iter([conflict(), conflict(), None])
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
         lambda send: trainjob("5") if send.http.method == "GET" else next(tries),
         watch_serving(
             WatchView(True, "MODIFIED", trainjob("6"), None),
@@ -292,7 +300,13 @@ def test_a_retry_reads_the_object_from_a_watch_opened_at_the_first_conflict() ->
         "6",
         "7",
     ]
-    assert [r.verb for r in core.request_log] == ["get", "update", "watch", "update", "update"]
+    assert [r.verb for r in core.context.request_log] == [
+        "get",
+        "update",
+        "watch",
+        "update",
+        "update",
+    ]
     # The watch is a request like any other: the hook sees it before it is sent.
     assert isinstance(steps[steps.index(opened[0]) - 1], BeforeRequest)
 
@@ -349,7 +363,7 @@ def test_a_watch_that_cannot_serve_falls_back_to_a_paused_get(view: WatchView, w
     core = plain_core(clock)
     tries = iter([conflict(), conflict(), None])
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
         lambda send: trainjob("5") if send.http.method == "GET" else next(tries),
         watch_serving(view),
     )
@@ -367,7 +381,7 @@ def test_a_watch_not_yet_past_the_conflicted_read_is_not_decided_on() -> None:
     tries = iter([conflict(), None])
     versions = iter(["5", "6"])
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
         lambda send: trainjob(next(versions)) if send.http.method == "GET" else next(tries),
         watch_serving(WatchView(False, "MODIFIED", trainjob("5"), None)),
     )
@@ -391,7 +405,7 @@ def test_a_watch_refused_or_unanswered_falls_back_and_the_call_still_ends(
     core = plain_core(clock)
     tries = iter([conflict(), None])
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
         lambda send: trainjob("5") if send.http.method == "GET" else next(tries),
         lambda step: failure,
     )
@@ -403,7 +417,7 @@ def test_no_watch_is_opened_without_time_to_wait_for_a_write() -> None:
     clock = Clock()
     core = plain_core(clock)
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=2 * CHANGE_WAIT_S), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=2 * CHANGE_WAIT_S), 1), "r"),
         lambda send: trainjob() if send.http.method == "GET" else conflict(),
         watch_serving(),
     )
@@ -422,7 +436,7 @@ def test_the_deadline_is_checked_before_the_watch_is_sent() -> None:
         return conflict()
 
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), answer, watch_serving()
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), answer, watch_serving()
     )
     assert isinstance(steps[-1], DeadlinePassed)
     assert not [s for s in steps if isinstance(s, OpenWatch)]
@@ -479,10 +493,10 @@ def test_property_the_feed_parses_the_same_events_however_the_stream_is_split(
 # ---- Kueue mode: the two reads go out at once ---------------------------------------------
 
 
-def kueue_core(clock: Clock) -> AdapterCore:
+def kueue_core(clock: Clock) -> Core:
     core = plain_core(clock)
-    core.mode = "kueue"
-    core._workloads[REF] = ("u-1", "wl")  # the Workload found on an earlier call
+    core.context.mode = "kueue"
+    core.context.workloads[REF] = ("u-1", "wl")  # the Workload found on an earlier call
     return core
 
 
@@ -520,7 +534,7 @@ def test_a_kueue_hold_reads_the_trainjob_and_its_cached_workload_at_once() -> No
     clock = Clock()
     core = kueue_core(clock)
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
         by_path(trainjob(), workload("7")),
     )
     assert steps[-1] is None, steps[-1]
@@ -534,7 +548,7 @@ def test_a_kueue_hold_reads_the_trainjob_and_its_cached_workload_at_once() -> No
     ]
     assert all(0 < s.timeout <= 10 for s in pair.sends)
     assert written_versions(steps) == ["7"]
-    assert core.request_count == 3
+    assert core.context.request_count == 3
 
 
 @pytest.mark.parametrize(
@@ -553,7 +567,7 @@ def test_a_failed_read_of_the_pair_is_the_trainjobs_error_first(
 ) -> None:
     clock = Clock()
     core = kueue_core(clock)
-    steps = drive(core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), by_path(tj, wl))
+    steps = drive(core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"), by_path(tj, wl))
     assert type(steps[-1]) is error and words in str(steps[-1]), steps[-1]
     assert not sends(steps, "PATCH")
 
@@ -568,13 +582,13 @@ def test_a_cached_workload_gone_or_not_the_trainjobs_is_rediscovered(wl: Answer)
     core = kueue_core(clock)
     fresh = {**workload("9"), "metadata": {**workload("9")["metadata"], "name": "wl2"}}
     steps = drive(
-        core._hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
         by_path(trainjob(), wl, listed={"items": [fresh]}),
     )
     assert steps[-1] is None, steps[-1]
     listed = [s for s in steps if isinstance(s, Send) and "labelSelector" in dict(s.http.query)]
     assert len(listed) == 1
-    assert written_versions(steps) == ["9"] and core._workloads[REF] == ("u-1", "wl2")
+    assert written_versions(steps) == ["9"] and core.context.workloads[REF] == ("u-1", "wl2")
 
 
 # ---- plain-mode Release: the pod check carries over a status write ------------------------
@@ -623,7 +637,7 @@ def test_a_plain_release_retried_after_a_status_write_lists_the_pods_once() -> N
     clock = Clock()
     core = plain_core(clock)
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         plain_release_answers([conflict(), conflict(), None], held_opened("5")),
         watch_serving(
             WatchView(True, "MODIFIED", held_opened("6"), None),  # a status write: same gen
@@ -636,7 +650,7 @@ def test_a_plain_release_retried_after_a_status_write_lists_the_pods_once() -> N
     assert steps.index(pod_lists(steps)[0]) < steps.index(sends(steps, "PATCH")[0])
     assert written_versions(steps) == ["5", "6", "7"]
     assert all((p.http.body or {}).get("spec") == {"suspend": False} for p in sends(steps, "PATCH"))
-    assert [r.verb for r in core.request_log] == [
+    assert [r.verb for r in core.context.request_log] == [
         "get",
         "list",
         "update",
@@ -650,7 +664,7 @@ def test_a_pod_check_carries_over_to_a_retry_that_reads_with_a_get() -> None:
     clock = Clock()
     core = plain_core(clock)
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         plain_release_answers([conflict(), None], held_opened("5")),
         lambda step: ApiStatusError(403, "Forbidden", "{}"),  # retries read with GETs
     )
@@ -683,14 +697,14 @@ def test_a_plain_release_lists_the_pods_again_unless_the_trainjob_stayed_suspend
     clock = Clock()
     core = plain_core(clock)
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         plain_release_answers([conflict(), None], held_opened("5"), retry_read),
     )
     assert isinstance(steps[-1], ReleaseResult), (why, steps[-1])
     assert len(pod_lists(steps)) == 2, why
     # Each pod check lies between the read it follows and the write decided on that read.
     # (The watch is refused here: the retry reads with a GET.)
-    verbs = [r.verb for r in core.request_log if r.verb != "watch"]
+    verbs = [r.verb for r in core.context.request_log if r.verb != "watch"]
     assert verbs == ["get", "list", "update"] * 2
 
 
@@ -700,7 +714,7 @@ def test_a_retry_that_finds_a_pod_after_the_spec_changed_writes_nothing() -> Non
     clock = Clock()
     core = plain_core(clock)
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         plain_release_answers(
             [conflict()],
             held_opened("5"),
@@ -710,3 +724,21 @@ def test_a_retry_that_finds_a_pod_after_the_spec_changed_writes_nothing() -> Non
     )
     assert type(steps[-1]).__name__ == "PodsRemain", steps[-1]
     assert len(sends(steps, "PATCH")) == 1
+
+
+# ---- the steps' types hold: every step is yielded through its typed helper -----------------
+
+
+def test_the_operations_yield_steps_only_through_the_typed_helpers() -> None:
+    """An ``Operation`` resumes a bare ``yield`` with ``object``; the helpers in
+    ``holdwarden.adapter.steps`` say what each step resumes with, so mypy checks every use
+    of a step's result only while the operations never yield a step themselves."""
+    root = Path(__file__).resolve().parents[2] / "adapter"
+    modules = [*sorted((root / "operations").glob("*.py")), root / "preflight.py"]
+    bare = [
+        f"{path.relative_to(root.parent)}:{node.lineno}"
+        for path in modules
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Yield)
+    ]
+    assert len(modules) > 10 and not bare, bare

@@ -82,7 +82,7 @@ def stopped_by_kueue() -> dict[str, Any]:
 def test_a_kueue_release_after_kueues_own_deactivation_returns_the_warning() -> None:
     core = kueue_core(Clock())
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         kueue_answers(stopped_by_kueue(), {"metadata": {"name": "torch"}}),
     )
     result = steps[-1]
@@ -102,7 +102,7 @@ def test_a_kueue_release_of_a_plain_hold_returns_no_warning() -> None:
         {"type": "Requeued", "status": "False", "reason": "Deactivated", "message": ""},
     )
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         kueue_answers(hold_only, {"metadata": {"name": "torch"}}),
     )
     assert steps[-1] == ReleaseResult(REF, 1)
@@ -111,7 +111,7 @@ def test_a_kueue_release_of_a_plain_hold_returns_no_warning() -> None:
 def test_a_kueue_release_whose_runtime_is_gone_writes_nothing_and_names_it() -> None:
     core = kueue_core(Clock())
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         kueue_answers(held_workload(), not_found()),
     )
     error = steps[-1]
@@ -127,7 +127,7 @@ def test_a_kueue_release_whose_runtime_is_gone_writes_nothing_and_names_it() -> 
 def test_a_kueue_release_that_may_not_read_runtimes_goes_on() -> None:
     core = kueue_core(Clock())
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         kueue_answers(held_workload(), ApiStatusError(403, "Forbidden", "{}")),
     )
     assert isinstance(steps[-1], ReleaseResult), steps[-1]
@@ -139,7 +139,7 @@ def test_a_stale_kueue_release_does_not_look_up_the_runtime() -> None:
     wl = held_workload()
     wl["metadata"]["annotations"]["holdwarden.io/hold-instance"] = "2"
     steps = drive(
-        core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
+        core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)),
         kueue_answers(wl, not_found()),
     )
     assert isinstance(steps[-1], StaleHold), steps[-1]
@@ -156,7 +156,7 @@ def test_a_plain_release_refused_by_trainers_webhook_is_runtime_missing() -> Non
             return {"items": []}
         return held_opened("5")
 
-    steps = drive(core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)), answer)
+    steps = drive(core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)), answer)
     error = steps[-1]
     assert isinstance(error, RuntimeMissing), error
     assert error.runtime == "ClusterTrainingRuntime torch"
@@ -175,7 +175,7 @@ def test_a_plain_release_refused_otherwise_keeps_its_old_class() -> None:
             return {"items": []}
         return held_opened("5")
 
-    error = drive(core._release(REF, CallMeta(NOW + timedelta(seconds=10), 1)), answer)[-1]
+    error = drive(core.release(REF, CallMeta(NOW + timedelta(seconds=10), 1)), answer)[-1]
     assert type(error).__name__ == "Invalid", error
 
 
@@ -195,7 +195,7 @@ def test_observe_reports_a_stranded_workload() -> None:
             return wl
         return {"items": []}
 
-    observed = drive(core._observe(REF), answer)[-1]
+    observed = drive(core.observe(REF), answer)[-1]
     assert observed.state is State.DEACTIVATED_BY_KUEUE
     assert observed.kueue_requeue_blocked == MET
     assert observed.stranded and observed.to_dict()["stranded"] is True
