@@ -23,7 +23,6 @@ from kubernetes import client as k8s
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from holdwarden.cli.stopping import stop_waiter
-from holdwarden.cli.threads import shorten_gil_switch_interval
 from holdwarden.config import Config, split_address
 from holdwarden.readmission.controller import ReadmissionGate
 
@@ -85,7 +84,6 @@ class GateServer:
         return app
 
     async def start(self) -> None:
-        shorten_gil_switch_interval()  # the probes' answers beside the gate's threads
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await runner.setup()
         self._runner = runner

@@ -1,4 +1,4 @@
-"""How both processes share the GIL between their event loop and their threads."""
+"""How the enforcer shares the GIL between its event loop and its threads."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ SWITCH_INTERVAL = 0.0005
 def shorten_gil_switch_interval() -> None:
     """Let a thread that waits for the GIL have it within ``SWITCH_INTERVAL``.
 
-    The enforcer: its audit writer thread needs the GIL for a moment after each
-    ``fdatasync`` before the refusal can be answered; at the default 5 ms a busy event loop
-    would make every refusal wait up to 5 ms. The gate: its event loop answers the
-    kubelet's probes while the worker and informer threads run passes; each step of an
-    answer waits for the GIL, and at 5 ms a step on a CPU-starved node the probes' answers
-    took seconds. It costs nothing unless another thread actually asks for the GIL.
+    The enforcer's audit writer thread needs the GIL for a moment after each ``fdatasync``
+    before the refusal can be answered; at the default 5 ms a busy event loop would make
+    every refusal wait up to 5 ms. It costs nothing unless another thread actually asks
+    for the GIL.
     """
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
