@@ -27,6 +27,7 @@ from prometheus_client import generate_latest
 from holdwarden.adapter import Adapter, CallMeta, Ref
 from holdwarden.adapter.errors import Conflict
 from holdwarden.config import Config
+from holdwarden.objects import recorded_grant
 from holdwarden.readmission.controller import ReadmissionGate
 from holdwarden.readmission.decisions import GateAction, granted_attempt
 from holdwarden.vocabulary import TRAINJOB, WORKLOAD, Annotations
@@ -274,16 +275,23 @@ def test_leader_killed_under_load_no_double_ready_no_double_attempt(
             assert not sup.errors, sup.errors
 
             # Let the last grant's A land, and the watch deliver it, before reading every
-            # committed state.
+            # committed state. The last grant is read as the gate reads it: from a Ready
+            # check's message or from the gate's condition, which outlives Kueue's reset of
+            # the check when a hold lands between the grant and the raise of A (reading only
+            # Ready checks let such a job through while its A was still one short).
             def recorded() -> bool:
                 for ref in refs:
-                    workload = kueue.workload_of(ref.name)
-                    checks = (workload or {}).get("status", {}).get("admissionChecks") or []
+                    workload = kueue.workload_of(ref.name) or {}
+                    checks = workload.get("status", {}).get("admissionChecks") or []
                     entry = next((c for c in checks if c["name"] == check_name), None)
-                    if entry is None or entry["state"] != "Ready":
-                        continue
+                    ready = entry is not None and entry["state"] == "Ready"
+                    seen_grants = (
+                        granted_attempt(entry.get("message")) if entry and ready else None,
+                        recorded_grant(workload, NOTES),
+                    )
+                    last = max((g for g in seen_grants if g is not None), default=0)
                     a = sup.trainjob(ref)["metadata"].get("annotations", {}).get(NOTES.attempt)
-                    if granted_attempt(entry.get("message")) != int(a or 0):
+                    if last != int(a or 0):
                         return False
                 return True
 
