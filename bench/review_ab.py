@@ -2,7 +2,7 @@
 
     git worktree add /tmp/baseline <rev>
     .venv/bin/python bench/review_ab.py /tmp/baseline [--rounds 40] [--per-round 300]
-        [--size 20000]
+        [--size 20000] [--uvloop]
 
 Three servers in their own processes, all pinned to the same core, with the image's malloc
 settings: this tree's enforcer (``new``), the baseline checkout's enforcer (``baseline``,
@@ -14,6 +14,10 @@ median server CPU per review (schedstat) and the median and quartiles of its per
 ratio to the floor, then the median per-round ratio new / baseline. Many short rounds,
 because one round's CPU time moves by 10-20 % on a busy VM; a change is judged by the
 per-round ratio, not by two numbers from different runs.
+
+``--uvloop`` adds two more servers to every round: this tree's enforcer and floor on
+uvloop's event loop (``new+uvloop``, ``floor+uvloop``); their ratios are to the default
+loop's floor, and ``new+uvloop / new`` says what uvloop changes for the enforcer.
 """
 
 from __future__ import annotations
@@ -36,8 +40,11 @@ from bench.tlsfixture import write_serving_tls  # noqa: E402
 from bench.webhook_bench import http_request, image_malloc_env  # noqa: E402
 
 
-def start(tree: Path, role: str, certs: Path, cpu: int) -> tuple[subprocess.Popen[str], int]:
-    """``role`` served by ``tree``'s own bench server, pinned to ``cpu``; its port."""
+def start(
+    tree: Path, role: str, certs: Path, cpu: int, *, uvloop: bool = False
+) -> tuple[subprocess.Popen[str], int]:
+    """``role`` served by ``tree``'s own bench server, pinned to ``cpu`` (on uvloop's event
+    loop if ``uvloop``); its port."""
     command = [sys.executable, str(tree / "bench" / "webhook_bench.py"), "--serve", role]
     command += ["--cert-dir", str(certs), "--work", str(certs), "--cpu", str(cpu)]
     proc = subprocess.Popen(
@@ -46,7 +53,11 @@ def start(tree: Path, role: str, certs: Path, cpu: int) -> tuple[subprocess.Pope
         stderr=subprocess.DEVNULL,
         text=True,
         cwd=tree,
-        env={**os.environ, **image_malloc_env()},
+        env={
+            **os.environ,
+            **image_malloc_env(),
+            "WEBHOOK_BENCH_LOOP": "uvloop" if uvloop else "asyncio",
+        },
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -67,6 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--per-round", type=int, default=300)
     parser.add_argument("--size", type=int, default=20_000, help="review size in bytes")
+    parser.add_argument("--uvloop", action="store_true", help="also serve on uvloop's loop")
     args = parser.parse_args()
     if not (args.baseline / "bench" / "webhook_bench.py").is_file():
         raise SystemExit(
@@ -85,6 +97,9 @@ def main() -> None:
             "baseline": start(args.baseline.resolve(), "enforcer", certs, server_cpu),
             "floor": start(ROOT, "floor", certs, server_cpu),
         }
+        if args.uvloop:
+            servers["new+uvloop"] = start(ROOT, "enforcer", certs, server_cpu, uvloop=True)
+            servers["floor+uvloop"] = start(ROOT, "floor", certs, server_cpu, uvloop=True)
         per_review: dict[str, list[float]] = {name: [] for name in servers}
         try:
             for _, port in servers.values():  # warm-up
@@ -111,14 +126,19 @@ def main() -> None:
         ratios = [v / f for v, f in zip(values, floor, strict=True)]
         low, high = quartiles(ratios)
         print(
-            f"  {name:8} {statistics.median(values):7.1f} us; / floor: median "
+            f"  {name:12} {statistics.median(values):7.1f} us; / floor: median "
             f"{statistics.median(ratios):.3f} (quartiles {low:.2f}-{high:.2f})"
         )
-    change = [n / b for n, b in zip(per_review["new"], per_review["baseline"], strict=True)]
-    low, high = quartiles(change)
-    print(
-        f"  new / baseline: median {statistics.median(change):.3f} (quartiles {low:.2f}-{high:.2f})"
-    )
+    pairs = [("new", "baseline"), ("new+uvloop", "new"), ("floor+uvloop", "floor")]
+    for top, bottom in pairs:
+        if top not in per_review:
+            continue
+        change = [n / b for n, b in zip(per_review[top], per_review[bottom], strict=True)]
+        low, high = quartiles(change)
+        print(
+            f"  {top} / {bottom}: median {statistics.median(change):.3f} "
+            f"(quartiles {low:.2f}-{high:.2f})"
+        )
 
 
 if __name__ == "__main__":

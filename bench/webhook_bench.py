@@ -172,9 +172,16 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
         print(port, flush=True)
         await asyncio.Event().wait()
 
+    # WEBHOOK_BENCH_LOOP=uvloop serves on uvloop's event loop (bench/review_ab.py --uvloop).
+    loop_factory = None
+    if os.environ.get("WEBHOOK_BENCH_LOOP") == "uvloop":
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
     profile_to = os.environ.get("WEBHOOK_BENCH_PROFILE")
     if not profile_to:
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(main())
         return
     # Profiling aid: WEBHOOK_BENCH_PROFILE=path writes cProfile stats there on SIGTERM.
     import cProfile
@@ -189,7 +196,8 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
 
     signal.signal(signal.SIGTERM, dump)
     profiler.enable()
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
 
 
 # --- the load generator ----------------------------------------------------------------------

@@ -60,7 +60,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import hdrs, web
 
@@ -324,8 +324,9 @@ class TLSConnection(asyncio.BufferedProtocol):
     # -- the TCP side (asyncio.BufferedProtocol) --------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._tcp = transport
+        # A cast, not an isinstance check: uvloop's TCP transport has asyncio.Transport's
+        # methods without being a subclass of it.
+        self._tcp = transport = cast(asyncio.Transport, transport)
         self.conn.transport = transport
         if not self._guard.admit(self.conn):
             self._state = _State.CLOSED
