@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/burst_probe.py [--burst 1000] [--rounds 3] [--baseline 300]
 
+(``WEBHOOK_BENCH_LOOP=uvloop`` in the environment serves on uvloop's event loop.)
+
 It starts ``EnforcerServer`` with the shipped defaults (``webhook.maxConnections`` 300, ...)
 in its own process, as ``bench/connection_probe.py`` does. A loader in another process
 then opens ``--burst`` TLS connections at once and sends one valid review on each, the way

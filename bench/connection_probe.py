@@ -3,6 +3,8 @@
     .venv/bin/python bench/connection_probe.py [--idle 2000] [--slowloris 500] [--hold 20]
         [--fresh 4]
 
+(``WEBHOOK_BENCH_LOOP=uvloop`` in the environment serves on uvloop's event loop.)
+
 It starts ``EnforcerServer`` with the shipped defaults (``webhook.maxConnections``,
 timeouts...) in its own process. Then, at the same time:
   - it opens ``--idle`` TLS connections that complete the handshake and then say nothing;
@@ -41,7 +43,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.tlsfixture import write_serving_tls  # noqa: E402
-from bench.webhook_bench import Connection, build_bodies, http_request, percentile  # noqa: E402
+from bench.webhook_bench import (  # noqa: E402
+    Connection,
+    build_bodies,
+    http_request,
+    percentile,
+    serving_loop_factory,
+)
 
 MEMORY_LIMIT_MIB = 256
 P99_TARGET_MS = 100.0
@@ -77,7 +85,8 @@ def serve(cert_dir: Path, work: Path) -> None:
         print(server.port, flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=serving_loop_factory()) as runner:
+        runner.run(main())
 
 
 # --- the valid reviews (child process) -------------------------------------------------------

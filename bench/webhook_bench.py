@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,17 @@ def decision_times(bodies: list[tuple[bytes, bool]], rounds: int = 40) -> dict[s
 # --- the servers (child process) -------------------------------------------------------------
 
 
+def serving_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a bench server runs on: uvloop's with ``WEBHOOK_BENCH_LOOP=uvloop``
+    (bench/review_ab.py --uvloop sets it; bench/connection_probe.py and bench/burst_probe.py
+    pass it on to their server), otherwise asyncio's default."""
+    if os.environ.get("WEBHOOK_BENCH_LOOP") == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
 def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
     """Child process: pin to ``cpu``, serve ``role`` on a free port, print the port."""
     if cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -172,12 +184,7 @@ def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:
         print(port, flush=True)
         await asyncio.Event().wait()
 
-    # WEBHOOK_BENCH_LOOP=uvloop serves on uvloop's event loop (bench/review_ab.py --uvloop).
-    loop_factory = None
-    if os.environ.get("WEBHOOK_BENCH_LOOP") == "uvloop":
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
+    loop_factory = serving_loop_factory()
     profile_to = os.environ.get("WEBHOOK_BENCH_PROFILE")
     if not profile_to:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
