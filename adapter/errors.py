@@ -37,8 +37,9 @@ class NotFound(Rejected):
 class RuntimeMissing(Rejected):
     """The TrainJob's training runtime (``spec.runtimeRef``) does not exist, so Trainer's
     webhook, which reads it on every update of a TrainJob (v2.3), refuses every write of
-    it: the adapter's, the readmission gate's and Kueue's own unsuspend. Nothing was
-    written; the hold, if any, stays in force. ``runtime`` names it (``Kind ns/name`` or
+    it: the adapter's, the readmission gate's, and Kueue's own suspend (on a Kueue-mode
+    Hold of a running job) and unsuspend. Nothing was written; the hold, if any, stays in
+    force. ``runtime`` names it (``Kind ns/name`` or
     ``Kind name``); re-create it (or delete the TrainJob) and call again.
 
     (An addition to the contract's classes: a ``Rejected`` like any other.)"""

@@ -54,7 +54,7 @@ def release(ctx: Context, ref: Ref, meta: CallMeta) -> Operation[ReleaseResult]:
         decided.append(held)
         if ctx.mode == "kueue" and in_force and not runtime_checked and trainjobs:
             runtime_checked = True
-            yield from _require_runtime(ctx, trainjobs[-1], deadline, what)
+            yield from require_runtime(ctx, trainjobs[-1], deadline, what)
         if (
             ctx.mode == "plain"
             and in_force
@@ -83,7 +83,7 @@ def release(ctx: Context, ref: Ref, meta: CallMeta) -> Operation[ReleaseResult]:
     return ReleaseResult(ref, number, kueue_requeue_blocked=blocked, warnings=warnings)
 
 
-def _require_runtime(ctx: Context, trainjob: Obj, deadline: datetime, what: str) -> Operation[None]:
+def require_runtime(ctx: Context, trainjob: Obj, deadline: datetime, what: str) -> Operation[None]:
     """Raise RuntimeMissing when the runtime the TrainJob names is not found (404).
     Any other answer (found, or a refusal of the GET: no right to read runtimes) lets
     the call go on: only a runtime seen missing stops it."""

@@ -494,7 +494,8 @@ def test_start_waits_for_the_workload(
     adapter.preflight(kc.ns)
     before = adapter.request_count
     adapter.hold(ref, meta(1), "r")  # Workload found by Start is cached: no LIST
-    assert adapter.request_count - before == 3
+    # The TrainJob and its Workload, the runtime (the TrainJob is not suspended), the PATCH.
+    assert adapter.request_count - before == 4
     # While it waited, Start polled by Kueue's name; a LIST at most once a second.
     polls = workload_requests(adapter)
     assert polls.count(("list", "")) <= polls.count(("get", polls[0][1])) // 10 + 1

@@ -6,7 +6,10 @@ Release raises ``RuntimeMissing`` naming the runtime and writes nothing (plain m
 webhooks' refusal, classified, its words kept;
 Kueue mode: found missing before the write, since there the write is the Workload's and
 what would fail is Kueue's unsuspend and the gate's attempt raise). With the runtime made
-again, the same Release succeeds.
+again, the same Release succeeds. A Kueue-mode Hold of a running TrainJob whose runtime is
+gone raises ``RuntimeMissing`` too, and writes nothing: Kueue could not suspend the
+TrainJob on eviction (shown: with the Workload made inactive by hand, Kueue's suspend is
+refused and the pods run on).
 
 Both webhooks read runtimes through informer caches, so after each create or delete the
 test waits for the caches, not for time: until a server-side dry-run write of the TrainJob
@@ -25,7 +28,7 @@ from holdwarden.adapter import Adapter
 from holdwarden.adapter.errors import RuntimeMissing
 from holdwarden.adapter.types import Ref, State
 from holdwarden.config import Config
-from holdwarden.vocabulary import CLUSTERTRAININGRUNTIME, TRAININGRUNTIME, TRAINJOB
+from holdwarden.vocabulary import CLUSTERTRAININGRUNTIME, TRAININGRUNTIME, TRAINJOB, WORKLOAD
 from rig.builders import trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from rig.localcluster.controllers import TRAINING_RUNTIME
@@ -178,3 +181,95 @@ def test_a_held_trainjob_whose_runtime_is_deleted_cannot_be_released_and_is_name
         )
         assert adapter.release(ref, meta(1)).warnings == ()
         assert adapter.observe(ref).state is not State.HELD
+
+
+def evicted(workload: dict[str, Any] | None) -> bool:
+    """Kueue has evicted the Workload (its Evicted condition is True)."""
+    conditions = ((workload or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Evicted" and c.get("status") == "True" for c in conditions)
+
+
+def kueue_refused_for(cluster: LocalCluster, runtime: str) -> str | None:
+    """The line of Kueue's log where one of its reconciles failed on the webhooks' refusal
+    for ``runtime`` (a unique name), or None."""
+    log = cluster.workdir / "kueue.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return next(
+        (line for line in text.splitlines() if "Reconciler error" in line and runtime in line),
+        None,
+    )
+
+
+def test_a_kueue_hold_of_a_running_trainjob_whose_runtime_is_gone_is_refused_and_named(
+    real_cluster: LocalCluster, real_admin: k8s.ApiClient, real_namespace: str
+) -> None:
+    """Kueue mode: a Hold stops a running job through Kueue, which suspends the TrainJob on
+    eviction, and that suspend is a TrainJob update the webhooks refuse once the runtime is
+    gone. So the Hold of a running job whose runtime is gone raises ``RuntimeMissing`` and
+    writes nothing: a Workload made inactive would report a hold while the pods ran on.
+
+    The negative control does what the Hold used to (the Workload made inactive, as the
+    admin): Kueue evicts the Workload, and its suspend of the TrainJob is refused, so the
+    job's pods are still there after the eviction. With the runtime made again, the same
+    Hold stops the job."""
+    runtime = f"rt-{uuid.uuid4().hex[:6]}"
+    named = f"TrainingRuntime {real_namespace}/{runtime}"
+    make_runtime(real_admin, real_namespace, runtime)
+    make_queues(real_admin, real_namespace)
+    wait_local_queue_active(real_admin, real_namespace)
+    objects = Objects(real_admin, real_namespace)
+    with real_cluster.api_client(SUPERVISOR_IDENTITY) as supervisor:
+        adapter = Adapter(Config(mode="kueue"), supervisor)
+        body = job(real_namespace, runtime, LOCAL_QUEUE)
+        eventually(
+            lambda: not created_refused_for_runtime(real_admin, body),
+            "Trainer's and Kueue's webhooks see the new runtime",
+        )
+        ref = adapter.start(body, meta())
+        adapter.open(ref, meta())
+        eventually(lambda: not objects.suspended(), "Kueue admits and runs the job")
+        eventually(objects.pods, "the job's pods are made")
+
+        delete_runtime(real_admin, real_namespace, runtime)
+        eventually(
+            lambda: update_refused_for_runtime(real_admin, ref, runtime),
+            "Trainer's webhook sees the runtime gone",
+        )
+        before = objects.workload()
+        assert before is not None
+        with pytest.raises(RuntimeMissing) as caught:
+            adapter.hold(ref, meta(1), "node lost")
+        assert caught.value.runtime == named
+        assert f"hold {ref} instance 1" in str(caught.value)
+        assert f"Re-create {named}" in str(caught.value)
+        after = objects.workload()
+        assert after is not None
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert after["spec"].get("active", True) is True
+
+        # The negative control: the Workload made inactive, as the Hold used to do.
+        k8s.CustomObjectsApi(real_admin).patch_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, real_namespace, WORKLOAD.plural,
+            after["metadata"]["name"], {"spec": {"active": False}},
+        )  # fmt: skip
+        eventually(lambda: evicted(objects.workload()), "Kueue evicts the inactive Workload")
+        # Kueue's reconciler then suspends the TrainJob; the update is refused for the
+        # runtime, and Kueue logs the error and retries. Waiting for that line is waiting
+        # for Kueue's attempt, not for time: after it the TrainJob still runs.
+        refused = eventually(
+            lambda: kueue_refused_for(real_cluster, runtime), "Kueue's suspend is refused"
+        )
+        assert "Reconciler error" in refused, refused
+        assert not objects.suspended(), "Kueue suspended a TrainJob whose runtime is gone"
+        assert objects.pods(), "the pods went although nothing could suspend the TrainJob"
+
+        make_runtime(real_admin, real_namespace, runtime)
+        eventually(
+            lambda: update_refused_for_runtime(real_admin, ref, runtime) is None,
+            "Trainer's webhook sees the runtime again",
+        )
+        adapter.hold(ref, meta(1), "node lost")
+        eventually(objects.suspended, "the held job is suspended")
+        eventually(lambda: not objects.pods(), "the held execution's pods are gone")
+        observed = adapter.observe(ref)
+        assert observed.state is State.HELD and observed.hold_instance == 1, observed

@@ -26,6 +26,7 @@ from holdwarden.adapter.errors import (
     DeadlinePassed,
     NotFound,
     Rejected,
+    RuntimeMissing,
     Unreachable,
 )
 from holdwarden.adapter.operations.context import Context
@@ -517,7 +518,12 @@ def workload(rv: str = "7", owner: str = "u-1") -> dict[str, Any]:
     }
 
 
-def by_path(tj: Answer, wl: Answer, listed: Answer = None) -> Callable[[Send], Answer]:
+RUNTIME = {"kind": "ClusterTrainingRuntime", "metadata": {"name": "torch"}}
+
+
+def by_path(
+    tj: Answer, wl: Answer, listed: Answer = None, runtime: Answer = RUNTIME
+) -> Callable[[Send], Answer]:
     def answer(send: Send) -> Answer:
         if send.http.method == "PATCH":
             return None
@@ -525,6 +531,8 @@ def by_path(tj: Answer, wl: Answer, listed: Answer = None) -> Callable[[Send], A
             return tj
         if send.http.path.endswith("/workloads/wl"):
             return wl
+        if send.http.path.endswith("/clustertrainingruntimes/torch"):
+            return runtime
         return listed
 
     return answer
@@ -540,15 +548,69 @@ def test_a_kueue_hold_reads_the_trainjob_and_its_cached_workload_at_once() -> No
     assert steps[-1] is None, steps[-1]
     kinds = [type(step).__name__ for step in steps[:-1]]
     # Both hooks and deadline checks first, then both GETs in one step, then the PATCH.
-    assert kinds == ["BeforeRequest", "BeforeRequest", "SendAll", "BeforeRequest", "Send"]
+    # The TrainJob runs, so its runtime is read (GET) before the write: Kueue could not
+    # suspend it without one.
+    assert kinds == [
+        "BeforeRequest",
+        "BeforeRequest",
+        "SendAll",
+        "BeforeRequest",
+        "Send",
+        "BeforeRequest",
+        "Send",
+    ]
     pair = steps[2]
     assert [s.http.path.rsplit("/", 2)[-2:] for s in pair.sends] == [
         ["trainjobs", "llm"],
         ["workloads", "wl"],
     ]
     assert all(0 < s.timeout <= 10 for s in pair.sends)
+    assert steps[4].http.path.endswith("/clustertrainingruntimes/torch")
     assert written_versions(steps) == ["7"]
-    assert core.context.request_count == 3
+    assert core.context.request_count == 4
+
+
+def test_a_kueue_hold_of_a_suspended_trainjob_reads_no_runtime() -> None:
+    clock = Clock()
+    core = kueue_core(clock)
+    stopped = trainjob()
+    stopped["spec"]["suspend"] = True  # Kueue need not write it: nothing to refuse
+    steps = drive(
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        by_path(stopped, workload("7"), runtime=ApiStatusError(404, "Not Found", "{}")),
+    )
+    assert steps[-1] is None, steps[-1]
+    assert not [s for s in sends(steps, "GET") if "runtimes" in s.http.path]
+    assert written_versions(steps) == ["7"]
+
+
+@pytest.mark.parametrize(
+    ("runtime", "written"),
+    [
+        (ApiStatusError(404, "Not Found", "{}"), []),
+        # Not allowed to read runtimes: only a runtime seen missing stops the Hold.
+        (ApiStatusError(403, "Forbidden", '{"message": "no"}'), ["7"]),
+    ],
+    ids=["gone", "unreadable"],
+)
+def test_a_kueue_hold_of_a_running_trainjob_whose_runtime_is_gone_writes_nothing(
+    runtime: Answer, written: list[str]
+) -> None:
+    clock = Clock()
+    core = kueue_core(clock)
+    steps = drive(
+        core.hold(REF, CallMeta(NOW + timedelta(seconds=10), 1), "r"),
+        by_path(trainjob(), workload("7"), runtime=runtime),
+    )
+    assert written_versions(steps) == written
+    if written:
+        assert steps[-1] is None, steps[-1]
+    else:
+        error = steps[-1]
+        assert isinstance(error, RuntimeMissing), error
+        assert error.runtime == "ClusterTrainingRuntime torch", error.runtime
+        for words in ("hold team-a/llm instance 1", "ClusterTrainingRuntime torch"):
+            assert words in str(error), str(error)
 
 
 @pytest.mark.parametrize(
