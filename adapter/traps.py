@@ -442,7 +442,9 @@ def retention_capability(settings: KueueSettings | None, settings_error: str | N
     """Preflight's ``kueueRetention``: Kueue is not configured to delete jobs it deactivated
     (``objectRetentionPolicies.workloads.afterDeactivatedByKueue``). A job Kueue deactivated
     and the supervisor then held is deleted by Kueue when that time runs out, hold or no
-    hold (the Workload's Evicted reason stays Kueue's). Reported, not a condition of Hold."""
+    hold (the Workload's Evicted reason stays Kueue's), if Kueue may delete TrainJobs:
+    v0.19.2's upstream ClusterRole may not, and Kueue's delete is refused (seen on the real
+    Kueue, tests/real/test_kueue_retention.py). Reported, not a condition of Hold."""
     if settings is None:
         return Capability(
             True,
@@ -458,7 +460,10 @@ def retention_capability(settings: KueueSettings | None, settings_error: str | N
     return Capability(
         False,
         f"Kueue's objectRetentionPolicies.workloads.afterDeactivatedByKueue is {after}: "
-        f"Kueue deletes a job {after} after deactivating it itself (time or requeuing "
-        "limit), even while holdwarden holds it, and the job and its hold are gone; unset it "
-        "in Kueue's configuration, or release or re-create such jobs before then",
+        f"Kueue deletes a TrainJob {after} after deactivating it itself (its maximum "
+        "execution time, requeuing limit or a rejected AdmissionCheck), even while "
+        "holdwarden holds it, and the job, its Workload and its hold are gone (Kueue "
+        "v0.19.2's own ClusterRole has no delete on trainjobs: there Kueue tries, is "
+        "refused and retries until delete is granted); unset it in Kueue's configuration, "
+        "or release or re-create such jobs before then",
     )

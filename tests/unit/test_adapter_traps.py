@@ -537,3 +537,6 @@ def test_retention_capability() -> None:
     assert unread.supported and "forbidden" in unread.reason
     set_ = traps.retention_capability(KueueSettings(None, "10m"), None)
     assert not set_.supported and "is 10m" in set_.reason
+    # What it deletes, and why an upstream install of Kueue v0.19.2 only tries.
+    assert "deletes a TrainJob 10m after deactivating it itself" in set_.reason
+    assert "ClusterRole has no delete on trainjobs" in set_.reason
