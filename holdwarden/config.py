@@ -66,6 +66,8 @@ CertMode = Literal["files", "self-managed"]
 CERT_MODES: Final = get_args(CertMode)
 AuditSink = Literal["file", "stdout", "events"]
 AUDIT_SINKS: Final = get_args(AuditSink)
+EventLoop = Literal["uvloop", "asyncio"]
+EVENT_LOOPS: Final = get_args(EventLoop)
 
 
 class ConfigError(ValueError):
@@ -390,6 +392,14 @@ class WebhookConfig(_Section, frozen=True):
             ge=1,
         ),
     ] = 300
+    event_loop: Annotated[
+        EventLoop,
+        _doc(
+            "the enforcer's event loop: `uvloop` (7-10 % less CPU per review, measured in "
+            "docs/performance/throughput.md) or Python's own `asyncio`; the TLS port keeps "
+            "the same limits on both"
+        ),
+    ] = "uvloop"
     max_in_flight_body_bytes: Annotated[
         int,
         _doc(

@@ -78,6 +78,24 @@ def bounded_coroutine(
     return run
 
 
+# The enforcer's transport runs on whichever event loop webhook.eventLoop names, so its
+# tests (limits, backpressure, memory, drain) run on each: the default (uvloop) and
+# asyncio's own. Every other asyncio test runs on asyncio's loop.
+EVERY_LOOP_MODULES = frozenset({"test_webhook_connections.py", "test_webhook_shutdown.py"})
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """pytest-asyncio's hook: the loops an asyncio test runs on, by name (one: no test id)."""
+    if item.path.name not in EVERY_LOOP_MODULES:
+        return {"asyncio": asyncio.new_event_loop}
+    from holdwarden.cli.enforcer import event_loop_factory
+    from holdwarden.config import EVENT_LOOPS
+
+    return {name: event_loop_factory(name) or asyncio.new_event_loop for name in EVENT_LOOPS}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Bound every asyncio test (and each example of an asyncio Hypothesis test)."""
     for item in items:

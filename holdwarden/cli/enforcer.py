@@ -16,7 +16,7 @@ from aiohttp import web
 
 from holdwarden.cli.serve import verify_enforcer
 from holdwarden.cli.stopping import stop_waiter
-from holdwarden.config import Config, split_address
+from holdwarden.config import Config, EventLoop, split_address
 from holdwarden.webhook.audit import AuditWriter
 from holdwarden.webhook.audit_sinks import (
     EventsClient,
@@ -183,6 +183,8 @@ class EnforcerServer:
                     f"{self.metrics_port}",
                     "auditLog": str(self.audit.path),
                     "auditSinks": list(self.config.webhook.audit_sinks),
+                    # The loop serving, as run (webhook.eventLoop picks it in serve).
+                    "eventLoop": type(asyncio.get_running_loop()).__module__.split(".")[0],
                 }
             },
         )
@@ -299,6 +301,17 @@ def _bound_port(runner: web.AppRunner) -> int:
         if isinstance(address, tuple) and len(address) >= 2:
             return int(address[1])
     return 0
+
+
+def event_loop_factory(name: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``webhook.eventLoop`` names, as ``asyncio.Runner``'s loop factory:
+    uvloop's, or None for asyncio's own. The TLS port (webhook/connections.py) uses only
+    the loop's public calls, so its limits hold on either."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
 
 
 async def run_server(config: Config, *, until: Callable[[], Awaitable[None]] | None = None) -> None:

@@ -115,9 +115,10 @@ def serve_command(args: argparse.Namespace) -> int:
     from holdwarden.kubeclient import KubeconfigError
 
     try:
-        from holdwarden.cli.enforcer import run_server
+        from holdwarden.cli.enforcer import event_loop_factory, run_server
 
-        asyncio.run(run_server(config))
+        with asyncio.Runner(loop_factory=event_loop_factory(config.webhook.event_loop)) as runner:
+            runner.run(run_server(config))
     except (OSError, KubeconfigError) as exc:
         logging.getLogger("holdwarden.webhook").error(
             "cannot serve", extra={"fields": {"error": str(exc)}}

@@ -51,13 +51,16 @@ def serve_args(tmp_path: Path, audit_log: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def start_serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, int, Path, Path]:
+def start_serve(
+    tmp_path: Path, *extra: str
+) -> tuple[subprocess.Popen[bytes], int, int, Path, Path]:
+    """``holdwarden serve`` (``serve_args``, then ``extra``) until it logs "serving"."""
     ca = write_certs(tmp_path / "tls")
     audit_log = tmp_path / "audit" / "audit.jsonl"
     # Logs go to a file: a pipe nobody drains would block the server once full.
     log_path = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "holdwarden.cli", *serve_args(tmp_path, audit_log)],
+        [sys.executable, "-m", "holdwarden.cli", *serve_args(tmp_path, audit_log), *extra],
         cwd=ROOT,
         stderr=log_path.open("wb"),
     )
@@ -286,6 +289,17 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         "stopping",
     ]
     assert all({"time", "level", "logger", "msg"} <= set(e) for e in entries)
+    # webhook.eventLoop's default, as the process runs it.
+    assert next(e for e in entries if e["msg"] == "serving")["eventLoop"] == "uvloop"
+
+
+def test_serve_runs_on_the_event_loop_webhook_event_loop_names(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("webhook:\n  eventLoop: asyncio\n")
+    proc, *_ = start_serve(tmp_path, "--config", str(tmp_path / "config.yaml"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    entries = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
+    assert next(e for e in entries if e["msg"] == "serving")["eventLoop"] == "asyncio"
 
 
 # Run in a child: SIGTERM to itself while the server is still starting. Were the handlers

@@ -696,3 +696,21 @@ def test_servers_here_run_with_the_images_malloc_settings() -> None:
     # another allocator without saying so.
     env = image_malloc_env()
     assert env == {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "67108864"}
+
+
+async def test_each_event_loop_webhook_event_loop_names_is_the_one_serving(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """tests/conftest.py runs this module on every loop ``webhook.eventLoop`` can name:
+    the server in it is served by that loop (uvloop's classes, or asyncio's own)."""
+    loop = asyncio.get_running_loop()
+    named = request.node.name.rsplit("[", 1)[-1].rstrip("]")
+    assert named in ("uvloop", "asyncio"), request.node.name
+    assert type(loop).__module__.startswith("uvloop") == (named == "uvloop"), type(loop)
+    async with serving(tmp_path) as served:
+        reader, writer = await open_tls(served.port, served.context)
+        try:
+            status, _, _ = await roundtrip(reader, writer, review_body())
+        finally:
+            close_quietly(writer)
+        assert status == 200

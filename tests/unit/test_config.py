@@ -26,6 +26,7 @@ def test_empty_file_gives_the_documented_defaults(tmp_path: Path) -> None:
     assert config.kueue_identities == DEFAULT_KUEUE_IDENTITIES
     assert config.readmission.enabled is False
     assert config.webhook.workload_deleters == DEFAULT_WORKLOAD_DELETERS
+    assert config.webhook.event_loop == "uvloop"
 
 
 def test_every_key_is_read() -> None:
@@ -42,6 +43,7 @@ def test_every_key_is_read() -> None:
                 "auditLog": "/audit.jsonl",
                 "metricsAddress": "127.0.0.1:8080",
                 "maxBodyBytes": 4096,
+                "eventLoop": "asyncio",
                 "workloadDeleters": ["system:serviceaccount:ops:cleaner"],
             },
             "readmission": {"enabled": True, "controllerName": "x.io/gate", "interval": "250ms"},
@@ -57,6 +59,7 @@ def test_every_key_is_read() -> None:
     assert config.webhook.audit_log == Path("/audit.jsonl")
     assert config.webhook.metrics_address == "127.0.0.1:8080"
     assert config.webhook.max_body_bytes == 4096
+    assert config.webhook.event_loop == "asyncio"
     assert config.webhook.workload_deleters == ("system:serviceaccount:ops:cleaner",)
     assert config.readmission.enabled is True
     assert config.readmission.controller_name == "x.io/gate"
@@ -157,6 +160,7 @@ def test_duration_round_trip(hours: int, minutes: int, seconds: int, millis: int
         ({"webhook": {"certDir": 3}}, "webhook.certDir", "file path"),
         ({"webhook": {"idleTimeout": "0s"}}, "webhook.idleTimeout", "longer than zero"),
         ({"webhook": {"shutdownDelay": "soon"}}, "webhook.shutdownDelay", "'60s'"),
+        ({"webhook": {"eventLoop": "trio"}}, "webhook.eventLoop", "use 'asyncio' or 'uvloop'"),
         (
             {"webhook": {"maxBodyBytes": 8192, "maxInFlightBodyBytes": 4096}},
             "webhook.maxInFlightBodyBytes",
@@ -255,6 +259,7 @@ valid_files = _sections(
     webhook=_sections(
         listenAddress=st.integers(0, 65535).map(lambda port: f"127.0.0.1:{port}"),
         maxBodyBytes=st.integers(1024, 2**20),
+        eventLoop=st.sampled_from(["uvloop", "asyncio"]),
         idleTimeout=positive_durations,
         shutdownDelay=positive_durations | st.just("0s"),
         holderIdentities=identities,
