@@ -43,27 +43,23 @@ from holdwarden.adapter.errors import NotFound
 from holdwarden.adapter.types import State
 from holdwarden.config import Config
 from holdwarden.vocabulary import JOB_UID_LABEL, TRAINJOB, WORKLOAD
-from rig.builders import trainjob_body
 from rig.localcluster import SUPERVISOR_IDENTITY, LocalCluster
 from rig.localcluster.controllers import CONTROLLERS
 from rig.localcluster.realstory import (
-    LOCAL_QUEUE,
     Objects,
     condition,
     eventually,
     make_queues,
     wait_local_queue_active,
-    with_requests,
 )
 from tests.real.conftest import REAL_NAMESPACE_LABEL
 from tests.real.story import meta
+from tests.real.test_kueue_traps import MET, body
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
 
 RETENTION = "1s"
 RETENTION_SECONDS = 1
-MAX_EXEC_TIME_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
-MET = "DeactivatedDueToMaximumExecutionTimeExceeded"
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +75,6 @@ def retention_cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop()
-
-
-def body(namespace: str, name: str, max_seconds: int | None) -> dict[str, Any]:
-    job = with_requests(trainjob_body(name, queue=LOCAL_QUEUE, suspend=True))
-    job["metadata"]["namespace"] = namespace
-    if max_seconds is not None:
-        job["metadata"]["labels"][MAX_EXEC_TIME_LABEL] = str(max_seconds)
-    return job
 
 
 def evicted(objects: Objects) -> dict[str, Any] | None:
