@@ -8,7 +8,7 @@ from holdwarden.adapter.decisions import Decision, Obj
 from holdwarden.adapter.errors import Invalid
 from holdwarden.adapter.operations.context import Context
 from holdwarden.adapter.operations.held import held_reader, held_resource, instance
-from holdwarden.adapter.operations.release import require_runtime
+from holdwarden.adapter.operations.reads import require_runtime
 from holdwarden.adapter.operations.write_loop import read_decide_write
 from holdwarden.adapter.steps import Operation
 from holdwarden.adapter.types import CallMeta, Ref

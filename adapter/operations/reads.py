@@ -1,4 +1,5 @@
-"""Reads every operation uses: the GET of one object, and what a ``send_all`` answer holds."""
+"""Reads every operation uses: the GET of one object, what a ``send_all`` answer holds, and
+the check that a TrainJob's runtime exists (Hold and Release)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from datetime import datetime
 from urllib.parse import quote
 
 from holdwarden import objects
+from holdwarden.adapter import traps
 from holdwarden.adapter.decisions import Obj
-from holdwarden.adapter.errors import AdapterError
+from holdwarden.adapter.errors import AdapterError, RuntimeMissing
 from holdwarden.adapter.operations.context import Answer, Context
 from holdwarden.adapter.steps import (
     ApiStatusError,
@@ -74,3 +76,22 @@ def pods_http(ref: Ref, *, limit: int | None = None) -> Http:
     if limit is not None:
         query += (("limit", str(limit)),)
     return Http("GET", f"/api/v1/namespaces/{quote(ref.namespace, safe='')}/pods", query)
+
+
+def require_runtime(ctx: Context, trainjob: Obj, deadline: datetime, what: str) -> Operation[None]:
+    """Raise RuntimeMissing when the runtime the TrainJob names is not found (404).
+    Any other answer (found, or a refusal of the GET: no right to read runtimes) lets
+    the call go on: only a runtime seen missing stops it."""
+    runtime = traps.runtime_of(trainjob)
+    if runtime is None:
+        return
+    resource = runtime.resource
+    req = Request("get", resource.plural, runtime.namespace or "", runtime.name)
+    http = Http("GET", custom_path(resource, runtime.namespace, runtime.name))
+    try:
+        yield from ctx.send(req, deadline, http)
+    except ApiStatusError as exc:
+        if exc.status == 404:
+            raise RuntimeMissing(
+                traps.runtime_missing_message(what, runtime, ""), str(runtime)
+            ) from exc

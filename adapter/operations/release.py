@@ -7,17 +7,14 @@ from datetime import datetime
 from holdwarden import objects
 from holdwarden.adapter import decisions, traps
 from holdwarden.adapter.decisions import Decision, Obj
-from holdwarden.adapter.errors import RuntimeMissing
 from holdwarden.adapter.operations.context import Context
 from holdwarden.adapter.operations.held import held_reader, held_resource, instance
-from holdwarden.adapter.operations.reads import pods_http
+from holdwarden.adapter.operations.reads import pods_http, require_runtime
 from holdwarden.adapter.operations.write_loop import read_decide_write
 from holdwarden.adapter.steps import (
     ApiStatusError,
-    Http,
     Operation,
     Request,
-    custom_path,
     error_for,
 )
 from holdwarden.adapter.types import CallMeta, Ref, ReleaseResult
@@ -81,25 +78,6 @@ def release(ctx: Context, ref: Ref, meta: CallMeta) -> Operation[ReleaseResult]:
         workload = objects.name(decided[-1]) or "?"
         warnings = (traps.stranded_advice(ref.namespace, workload, blocked),)
     return ReleaseResult(ref, number, kueue_requeue_blocked=blocked, warnings=warnings)
-
-
-def require_runtime(ctx: Context, trainjob: Obj, deadline: datetime, what: str) -> Operation[None]:
-    """Raise RuntimeMissing when the runtime the TrainJob names is not found (404).
-    Any other answer (found, or a refusal of the GET: no right to read runtimes) lets
-    the call go on: only a runtime seen missing stops it."""
-    runtime = traps.runtime_of(trainjob)
-    if runtime is None:
-        return
-    resource = runtime.resource
-    req = Request("get", resource.plural, runtime.namespace or "", runtime.name)
-    http = Http("GET", custom_path(resource, runtime.namespace, runtime.name))
-    try:
-        yield from ctx.send(req, deadline, http)
-    except ApiStatusError as exc:
-        if exc.status == 404:
-            raise RuntimeMissing(
-                traps.runtime_missing_message(what, runtime, ""), str(runtime)
-            ) from exc
 
 
 def _pods_remain(ctx: Context, ref: Ref, deadline: datetime) -> Operation[bool]:
