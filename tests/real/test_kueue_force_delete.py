@@ -331,7 +331,9 @@ def test_kueue_force_deletes_an_opted_in_pod_on_a_lost_node_and_the_gate_counts_
         )
         assert not set(second) & first
         assert all(node != lost for node in second.values())
-        assert objects.attempt() == "2"
+        # The gate raises A in a write of its own after the Ready check that let Kueue
+        # admit the job, so pods can run before it lands (seen once on quiet cores).
+        eventually(lambda: objects.attempt() == "2", "the gate records attempt 2", 60)
         assert lost in nodes.lost() and ready_status(nodes.get(lost)) == "Unknown"
         assert pod_or_none(admin, namespace, control) is not None
         assert_no_false_positives(cluster, enforced)
