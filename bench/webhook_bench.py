@@ -122,11 +122,11 @@ def serving_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop a bench server runs on: uvloop's with ``WEBHOOK_BENCH_LOOP=uvloop``
     (bench/review_ab.py --uvloop sets it; bench/connection_probe.py and bench/burst_probe.py
     pass it on to their server), otherwise asyncio's default."""
-    if os.environ.get("WEBHOOK_BENCH_LOOP") == "uvloop":
-        import uvloop
+    from holdwarden.cli.enforcer import event_loop_factory
 
-        return uvloop.new_event_loop
-    return None
+    return event_loop_factory(
+        "uvloop" if os.environ.get("WEBHOOK_BENCH_LOOP") == "uvloop" else "asyncio"
+    )
 
 
 def serve(role: str, cert_dir: Path, work: Path, cpu: int | None) -> None:

@@ -25,6 +25,13 @@ gate that counted a Terminating pod as gone, or forgot one at a resync, readmits
 inside it."""
 
 
+def kueue_log(cluster: LocalCluster) -> list[str]:
+    """The lines the cluster's real Kueue has logged so far (none without controllers)."""
+    return (
+        (cluster.controllers.logs() if cluster.controllers else {}).get("kueue", "")
+    ).splitlines()
+
+
 def meta(instance: int | None = None, seconds: float = 30) -> CallMeta:
     return CallMeta(datetime.now(UTC) + timedelta(seconds=seconds), instance)
 

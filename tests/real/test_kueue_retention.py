@@ -53,7 +53,7 @@ from rig.localcluster.realstory import (
     wait_local_queue_active,
 )
 from tests.real.conftest import REAL_NAMESPACE_LABEL
-from tests.real.story import meta
+from tests.real.story import kueue_log, meta
 from tests.real.test_kueue_traps import MET, body
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(900)]
@@ -135,12 +135,6 @@ def _diagnosis(cluster: LocalCluster, objects: Objects) -> str:
             *lines[-25:],
         ]
     )
-
-
-def kueue_log(cluster: LocalCluster) -> list[str]:
-    return (
-        (cluster.controllers.logs() if cluster.controllers else {}).get("kueue", "")
-    ).splitlines()
 
 
 def kueue_refused_deleting(cluster: LocalCluster, namespace: str, name: str) -> bool:

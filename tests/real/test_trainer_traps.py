@@ -40,7 +40,7 @@ from rig.localcluster.realstory import (
     wait_local_queue_active,
     with_requests,
 )
-from tests.real.story import meta
+from tests.real.story import kueue_log, meta
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
 
@@ -192,10 +192,8 @@ def evicted(workload: dict[str, Any] | None) -> bool:
 def kueue_refused_for(cluster: LocalCluster, runtime: str) -> str | None:
     """The line of Kueue's log where one of its reconciles failed on the webhooks' refusal
     for ``runtime`` (a unique name), or None."""
-    log = cluster.workdir / "kueue.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
     return next(
-        (line for line in text.splitlines() if "Reconciler error" in line and runtime in line),
+        (line for line in kueue_log(cluster) if "Reconciler error" in line and runtime in line),
         None,
     )
 
