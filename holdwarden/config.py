@@ -395,7 +395,7 @@ class WebhookConfig(_Section, frozen=True):
     event_loop: Annotated[
         EventLoop,
         _doc(
-            "the enforcer's event loop: `uvloop` (7-10 % less CPU per review, measured in "
+            "the enforcer's event loop: `uvloop` (less CPU per review; "
             "docs/performance/throughput.md) or Python's own `asyncio`; the TLS port keeps "
             "the same limits on both"
         ),
