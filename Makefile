@@ -24,6 +24,19 @@ PYTHONS_TESTS := tests/unit/test_webhook_review.py tests/unit/test_webhook_rules
 	tests/controlplane/test_adapter_kube.py tests/controlplane/test_adapter_aio.py \
 	--deselect tests/controlplane/test_webhook_connections.py::test_the_worst_connections_at_the_default_cap_fit_in_the_memory_limit
 
+# Every pytest run of `make test` leaves a JUnit report (each failure whole, with its captured
+# output) in $(TEST_REPORTS), outside the checkout, so that a failed run can be read after
+# its clone is gone (docs/testing.md, "After a failed run"); `make test` keeps the ten
+# newest runs' folders. The story suites print short tracebacks: a story test is long, and
+# the full source of it pushed the assertion's message out of CI's excerpt.
+TEST_REPORTS_ROOT ?= $(or $(TMPDIR),/tmp)/holdwarden-test-reports
+ifndef TEST_REPORTS
+TEST_REPORTS := $(TEST_REPORTS_ROOT)/$(shell date -u +%Y%m%dT%H%M%SZ)-$(shell echo $$PPID)
+endif
+export TEST_REPORTS
+# $(call report,NAME): the pytest options that write $(TEST_REPORTS)/NAME.xml.
+report = --junitxml=$(TEST_REPORTS)/$(1).xml -o junit_logging=all
+
 .PHONY: test test-lane-controllers test-lane-others test-setup binaries-kubernetes binaries-others test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
 
 # $(call make_venv,INTERPRETER,VENV): the project with its dev dependencies in VENV.
@@ -114,18 +127,22 @@ typecheck: $(STAMP)
 # Two runs at once on one machine are safe: every port is reserved machine-wide and every
 # folder, namespace and process is the run's own (docs/testing.md).
 test: test-setup lint typecheck
+	mkdir -p $(TEST_REPORTS)
+	ls -1dt $(TEST_REPORTS_ROOT)/*/ | tail -n +11 | xargs -r rm -rf
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-controllers test-lane-others
-	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/pods tests/pods
+	$(VENV)/bin/pytest -q --durations=20 --tb=short -o cache_dir=.pytest_cache/pods \
+		$(call report,pods) tests/pods
 
 test-lane-controllers: test-pythons
-	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/controllers tests/real
+	$(VENV)/bin/pytest -q --durations=20 --tb=short -o cache_dir=.pytest_cache/controllers \
+		$(call report,real) tests/real
 
 # The rest of the suite (tests/unit and tests/controlplane), then the API floor
 # (kube-apiserver v1.30.14, CRDs only): the enforcer end to end, the policy twin's parity,
 # preflight's dry-run probe and the one-step install, the same tests.
 test-lane-others: $(STAMP)
 	$(VENV)/bin/pytest -q --durations=20 -o cache_dir=.pytest_cache/others \
-		--ignore=tests/real --ignore=tests/pods
+		$(call report,others) --ignore=tests/real --ignore=tests/pods
 	$(PY) -m rig.localcluster.matrix --cell floor
 
 # The version matrix (docs/install.md): the real-controller story in each cell of versions,
@@ -138,7 +155,8 @@ test-matrix: $(STAMP)
 test-pythons: $(foreach v,$(OTHER_PYTHONS),$(VENV)-$(v)/.installed-stamp)
 	set -e; for v in $(OTHER_PYTHONS); do \
 		echo "== Python $$v"; \
-		$(VENV)-$$v/bin/pytest -q -p no:cacheprovider $(PYTHONS_TESTS); \
+		$(VENV)-$$v/bin/pytest -q -p no:cacheprovider $(call report,python-$$v) \
+			$(PYTHONS_TESTS); \
 	done
 
 # Only the pure tests (tests/unit): no control plane, no binaries, no process or server of
