@@ -35,7 +35,7 @@ TEST_REPORTS := $(TEST_REPORTS_ROOT)/$(shell date -u +%Y%m%dT%H%M%SZ)-$(shell ec
 endif
 export TEST_REPORTS
 # $(call report,NAME): the pytest options that write $(TEST_REPORTS)/NAME.xml.
-report = --junitxml=$(TEST_REPORTS)/$(1).xml -o junit_logging=all
+report = --junitxml=$(TEST_REPORTS)/$(1).xml -o junit_logging=all -o junit_log_passing_tests=false
 
 .PHONY: test test-lane-controllers test-lane-others test-setup binaries-kubernetes binaries-others test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
 
