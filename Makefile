@@ -36,6 +36,11 @@ endif
 export TEST_REPORTS
 # $(call report,NAME): the pytest options that write $(TEST_REPORTS)/NAME.xml.
 report = --junitxml=$(TEST_REPORTS)/$(1).xml -o junit_logging=all -o junit_log_passing_tests=false
+# A pytest that dies of a signal prints every thread's stack first, through the interpreter's
+# exit too (pytest's own faulthandler lets go when the session ends): CI saw a lane end
+# "Aborted" after its last test had passed, with nothing printed.
+test test-lane-controllers test-lane-others test-pythons unit test-real test-pods: \
+	export PYTHONFAULTHANDLER := 1
 
 .PHONY: test test-lane-controllers test-lane-others test-setup binaries-kubernetes binaries-others test-real test-pods test-pythons demo lint typecheck unit binaries node-packages bench clean lock image
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -127,6 +128,32 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"local control plane: kube-apiserver {local.server_version}, started in "
             f"{local.startup_seconds:.1f}s ({phases}); CRDs: {local.crd_kind}"
         )
+    lingering = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if lingering:
+        terminalreporter.write_line(
+            "threads still running as the session ends (a test that started a thread should "
+            "end it): "
+            + "; ".join(
+                f"{t.name}{' (daemon)' if t.daemon else ''}, started by "
+                f"{_THREAD_STARTED_BY.get(t.ident or 0, 'the session')}"
+                for t in lingering
+            )
+        )
+
+
+# Which test started each thread still running after it: a thread a test leaves running
+# outlives it, and one blocked in a system call can still be running when the interpreter
+# exits (CI saw a lane end "Aborted" after its last test passed). Reported at the end.
+_THREAD_STARTED_BY: dict[int, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    for thread in threading.enumerate():
+        if thread.ident not in before and thread.ident is not None:
+            _THREAD_STARTED_BY.setdefault(thread.ident, item.nodeid)
 
 
 def _client(cluster: LocalCluster, user: str | None) -> Iterator[k8s.ApiClient]:

@@ -5,6 +5,7 @@ own, preflight that does not mask the call's own errors.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import socket
@@ -163,10 +164,16 @@ class _Silent:
                 conn.close()
 
     def close(self) -> None:
-        self.sock.close()
-        for conn in self.conns:
-            conn.close()
-        self.thread.join(timeout=5)
+        """Stop serving and end the thread. A thread blocked in ``accept`` or ``recv`` is
+        woken by ``shutdown``, not by ``close`` (on Linux the blocked call keeps the socket
+        open), and a thread left blocked outlives the test into the interpreter's exit."""
+        for sock in (self.sock, *self.conns):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=10)
+        for sock in (self.sock, *self.conns):
+            sock.close()
+        assert not self.thread.is_alive(), "the silent server's thread did not end in 10 s"
 
 
 def test_a_timeout_after_sending_says_it_may_still_land_and_names_call_bound(

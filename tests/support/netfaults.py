@@ -26,7 +26,8 @@ class FreezableProxy:
         self._lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name="proxy-accept", daemon=True)
+        self._acceptor.start()
 
     @classmethod
     def in_front_of(cls, url: str) -> FreezableProxy:
@@ -48,11 +49,18 @@ class FreezableProxy:
         self.frozen.clear()
 
     def close(self) -> None:
+        """Stop forwarding and end the accepting thread (the pumps end within 50 ms).
+        ``shutdown`` wakes the thread blocked in ``accept``; ``close`` alone would not, and
+        the thread would outlive the test into the interpreter's exit."""
         self._closed.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self._acceptor.join(10)
         self.listener.close()
         with self._lock:
             for sock in self._sockets:
                 sock.close()
+        assert not self._acceptor.is_alive(), "the proxy's accepting thread did not end in 10 s"
 
     def _accept(self) -> None:
         while not self._closed.is_set():
