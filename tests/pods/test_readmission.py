@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,7 @@ def test_the_gate_deployment_keeps_a_released_job_waiting_until_its_pods_are_gon
     supervisor = cluster.api_client(SUPERVISOR_IDENTITY)
     try:
         applied_at = time.monotonic()
+        applied_wall = time.time()
         kubectl(cluster, "apply", "-k", str(folder))
 
         def gates_ready() -> bool:
@@ -262,6 +264,8 @@ def test_the_gate_deployment_keeps_a_released_job_waiting_until_its_pods_are_gon
         wait_for(cluster, "both gate replicas Ready", gates_ready, 300)
         gates_ready_s = time.monotonic() - applied_at
         pods = gate_pods(core)
+        for pod in pods:
+            report(start_timeline(core, pod, applied_wall))
         for pod in pods:
             (container,) = pod.spec.containers
             assert container.name == "gate" and container.args[0] == "gate", container.args
@@ -443,6 +447,35 @@ def test_the_gate_deployment_keeps_a_released_job_waiting_until_its_pods_are_gon
             objects.let_go(kept)
         supervisor.close()  # type: ignore[no-untyped-call]
         admin.close()  # type: ignore[no-untyped-call]
+
+
+def start_timeline(core: k8s.CoreV1Api, pod: Any, since: float) -> str:
+    """Where a gate Pod's start went, in seconds after ``since`` (the apply): made,
+    scheduled, its container started, its first log line, Ready. Whole seconds but for the
+    log line: the API's timestamps are. Under a loaded machine the gate Pods have taken up to
+    138 s to be Ready, and this says which step took it."""
+
+    def offset(moment: Any) -> str:
+        return "?" if moment is None else f"{moment.timestamp() - since:+.1f}s"
+
+    conditions = {c.type: c.last_transition_time for c in pod.status.conditions or []}
+    (status,) = pod.status.container_statuses
+    started = status.state.running.started_at if status.state.running else None
+    first_log = "?"
+    log = str(core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, limit_bytes=4096))
+    for line in log.splitlines():
+        try:
+            moment = datetime.fromisoformat(json.loads(line)["time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        first_log = offset(moment)
+        break
+    return (
+        f"readmission: gate Pod {pod.metadata.name} after the apply: made "
+        f"{offset(pod.metadata.creation_timestamp)}, scheduled "
+        f"{offset(conditions.get('PodScheduled'))}, container started {offset(started)}, "
+        f"first log line {first_log}, Ready {offset(conditions.get('Ready'))}"
+    )
 
 
 def enforcer_audit(core: k8s.CoreV1Api) -> list[dict[str, Any]]:
