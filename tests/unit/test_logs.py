@@ -4,7 +4,6 @@ blocks the code that logs, the enforcer's event loop included."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -22,22 +21,36 @@ RECORDS = 2 * logs.QUEUE_RECORDS
 PADDING = "x" * 200
 
 
+class Pipe:
+    """A pipe whose write end is closed once: by the test (the reader then sees its end)
+    or by the fixture. A second ``os.close`` of a number could close another file that
+    reused it in between."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self._write_open = True
+
+    def close_write(self) -> None:
+        if self._write_open:
+            self._write_open = False
+            os.close(self.write_fd)
+
+
 @pytest.fixture
-def pipe() -> Iterator[tuple[int, int]]:
-    read_fd, write_fd = os.pipe()
+def pipe() -> Iterator[Pipe]:
+    opened = Pipe()
     try:
-        yield read_fd, write_fd
+        yield opened
     finally:
         # Unblock a writer stuck on the full pipe before closing it (a write to a closed
         # descriptor would print a traceback from its thread).
-        reader = drain_in_thread(read_fd, bytearray())
+        reader = drain_in_thread(opened.read_fd, bytearray())
         logs.flush_logs(30)
         logs.stop_logging()
         logging.getLogger().handlers.clear()
-        with contextlib.suppress(OSError):  # the test may have closed it already
-            os.close(write_fd)
+        opened.close_write()
         reader.join(10)
-        os.close(read_fd)
+        os.close(opened.read_fd)
 
 
 def drain_in_thread(read_fd: int, into: bytearray) -> threading.Thread:
@@ -50,8 +63,8 @@ def drain_in_thread(read_fd: int, into: bytearray) -> threading.Thread:
     return reader
 
 
-def test_records_are_json_lines_in_order(pipe: tuple[int, int]) -> None:
-    read_fd, write_fd = pipe
+def test_records_are_json_lines_in_order(pipe: Pipe) -> None:
+    read_fd, write_fd = pipe.read_fd, pipe.write_fd
     stream = os.fdopen(write_fd, "w", closefd=False)
     logs.configure_logging(logging.INFO, stream)
     log = logging.getLogger("holdwarden.test")
@@ -61,7 +74,7 @@ def test_records_are_json_lines_in_order(pipe: tuple[int, int]) -> None:
     assert logs.flush_logs(10)
     stream.flush()
     logs.stop_logging()
-    os.close(write_fd)
+    pipe.close_write()
     data = bytearray()
     drain_in_thread(read_fd, data).join(10)
     entries = [json.loads(line) for line in bytes(data).splitlines()]
@@ -70,8 +83,8 @@ def test_records_are_json_lines_in_order(pipe: tuple[int, int]) -> None:
     assert all(e["level"] == "info" and e["msg"] == "record" for e in entries)
 
 
-def test_a_stderr_nobody_reads_never_blocks_the_caller(pipe: tuple[int, int]) -> None:
-    read_fd, write_fd = pipe
+def test_a_stderr_nobody_reads_never_blocks_the_caller(pipe: Pipe) -> None:
+    read_fd, write_fd = pipe.read_fd, pipe.write_fd
     stream = os.fdopen(write_fd, "w", closefd=False)
     logs.configure_logging(logging.INFO, stream)
     log = logging.getLogger("holdwarden.test")
@@ -92,7 +105,7 @@ def test_a_stderr_nobody_reads_never_blocks_the_caller(pipe: tuple[int, int]) ->
     assert logs.flush_logs(30)
     stream.flush()
     logs.stop_logging()
-    os.close(write_fd)  # the reader reads to the end
+    pipe.close_write()  # the reader reads to the end
     reader.join(10)
     entries = [json.loads(line) for line in bytes(data).splitlines()]
     numbered = [e["n"] for e in entries if "n" in e and e["n"] >= 0]
@@ -105,8 +118,8 @@ def test_a_stderr_nobody_reads_never_blocks_the_caller(pipe: tuple[int, int]) ->
     assert entries[-1]["msg"] == "after"
 
 
-def test_flush_is_bounded_while_stderr_is_blocked(pipe: tuple[int, int]) -> None:
-    _, write_fd = pipe
+def test_flush_is_bounded_while_stderr_is_blocked(pipe: Pipe) -> None:
+    write_fd = pipe.write_fd
     stream = os.fdopen(write_fd, "w", closefd=False)
     logs.configure_logging(logging.INFO, stream)
     log = logging.getLogger("holdwarden.test")
