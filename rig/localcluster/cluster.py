@@ -350,8 +350,11 @@ class LocalCluster:
             from rig.localcluster.realnode import reap_node
 
             pod_netns = self.node.pod_netns if self.node is not None else set()
+            ids = self.node.container_ids if self.node is not None else set()
             if self._workdir is not None:
-                reap_node(self._workdir / "node", self._link.netns, self._link.host_if, pod_netns)
+                reap_node(
+                    self._workdir / "node", self._link.netns, self._link.host_if, pod_netns, ids
+                )
             self._link = None
         self.node = None
         if self._owns_workdir and self._workdir is not None:

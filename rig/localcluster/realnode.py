@@ -42,11 +42,13 @@ Invariants: ``start`` returns when the node is Ready and schedulable, kube-proxy
 synced its rules (its healthz answers 200) and CoreDNS is ready, or raises
 ``ControlPlaneError`` with the log tails of containerd, kubelet, kube-proxy and CoreDNS.
 ``LocalCluster.stop`` first kills and deletes every container through containerd's
-``k8s.io`` namespace (``drain``, noting the Pods' network namespaces), stops the
-processes, then ``reap_node`` removes the rest:
+``k8s.io`` namespace (``drain``, noting the Pods' network namespaces and the containers'
+ids), stops the processes, then ``reap_node`` removes the rest:
 containers left in runc's state, this run's shims, every mount under the node's
 directory, the Pods' ``cni-*`` namespaces, the kubelet's ``/var/log/containers`` links
-into the run, and the node's namespace (the veth pair goes with it). A killed owner's
+into the run, the containers' cgroups (``/k8s.io/<id>`` in each hierarchy, which
+containerd leaves behind for a container killed rather than deleted), and the node's
+namespace (the veth pair goes with it). A killed owner's
 reaper calls ``reap_node`` too (``Reaper.announce_node``); a run whose reaper died as
 well is reaped by the next start (``sweep_stale_nodes``: a namespace named for a dead
 owner pid, its directory read from ``/run/holdwarden-node-<namespace>``).
@@ -91,6 +93,12 @@ CONTAINER_LOG_LINKS = Path("/var/log/containers")
 NETNS_DIR = Path("/run/netns")
 NETNS_PREFIX = "holdwarden-"
 CRI_NAMESPACE = "k8s.io"
+# With ``cgroupsPerQOS: false`` containerd gives each container the cgroup
+# ``/<CRI namespace>/<container id>`` in every hierarchy, shared with every other run, and
+# leaves it behind when a container is killed rather than deleted.
+CGROUP_FS = Path("/sys/fs/cgroup")
+CGROUP_RMDIR_SECONDS = 10.0
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 POD_SUBNET = "10.244.0.0/24"
 BRIDGE = "hw0"
 CLUSTER_DOMAIN = "cluster.local"
@@ -281,12 +289,14 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
-def _runc_leftovers(root: Path) -> tuple[list[int], set[str]]:
-    """From runc's state files under the node's runc root: each container's init pid and
-    the Pods' network namespaces (cni-*) they joined."""
+def _runc_leftovers(root: Path) -> tuple[list[int], set[str], set[str]]:
+    """From runc's state files under the node's runc root: each container's init pid, the
+    Pods' network namespaces (cni-*) they joined, and the containers' ids."""
     pids: list[int] = []
     netns: set[str] = set()
+    ids: set[str] = set()
     for state_file in (root / "containerd" / "runc").glob("*/*/state.json"):
+        ids.add(state_file.parent.name)
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             state = json.loads(state_file.read_text())
             if state.get("init_process_pid"):
@@ -295,15 +305,56 @@ def _runc_leftovers(root: Path) -> tuple[list[int], set[str]]:
                 path = space.get("path") or ""
                 if space.get("type") == "NEWNET" and "/netns/cni-" in path:
                     netns.add(Path(path).name)
-    return pids, netns
+    return pids, netns, ids
 
 
-def reap_node(root: Path, netns: str, host_if: str, pod_netns: Iterable[str] = ()) -> None:
+def container_cgroups(container_ids: Iterable[str]) -> list[Path]:
+    """The cgroups containerd made for these containers that exist now, in every hierarchy
+    (cgroup v1's and the unified one). Only well-formed ids count: a name is never a path."""
+    ids = [i for i in container_ids if _CONTAINER_ID.fullmatch(i)]
+    if not ids or not CGROUP_FS.is_dir():
+        return []
+    parents = [CGROUP_FS / CRI_NAMESPACE]
+    with contextlib.suppress(OSError):
+        parents += [h / CRI_NAMESPACE for h in sorted(CGROUP_FS.iterdir()) if h.is_dir()]
+    return [parent / i for parent in parents for i in ids if (parent / i).is_dir()]
+
+
+def remove_container_cgroups(container_ids: Iterable[str]) -> list[Path]:
+    """Remove these containers' cgroups once their processes are gone; returns those still
+    there after ``CGROUP_RMDIR_SECONDS`` (a process that has not exited yet keeps its
+    cgroup busy). ``rmdir`` removes only an empty cgroup, never another run's processes."""
+    left = container_cgroups(container_ids)
+    deadline = time.monotonic() + CGROUP_RMDIR_SECONDS
+    while left:
+        busy = []
+        for cgroup in left:
+            try:
+                cgroup.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                busy.append(cgroup)
+        left = busy
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return left
+
+
+def reap_node(
+    root: Path,
+    netns: str,
+    host_if: str,
+    pod_netns: Iterable[str] = (),
+    container_ids: Iterable[str] = (),
+) -> None:
     """Remove what a node leaves once its processes are stopped or killed: containers
     still running (runc's state), this run's shims, mounts under ``root``, the Pods'
-    network namespaces, the node's namespace and link. Idempotent; used by ``stop``, by
-    the reaper when the owner died, and by ``sweep_stale_nodes``."""
-    inits, from_state = _runc_leftovers(root)
+    network namespaces, the containers' cgroups (``container_ids`` and runc's state), the
+    node's namespace and link. Idempotent; used by ``stop``, by the reaper when the owner
+    died, and by ``sweep_stale_nodes``."""
+    inits, from_state, ids_in_state = _runc_leftovers(root)
     for pid in [*inits, *_processes_naming(str(root / "containerd" / "containerd.sock"))]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -318,6 +369,7 @@ def reap_node(root: Path, netns: str, host_if: str, pod_netns: Iterable[str] = (
     for name in sorted({*pod_netns, *from_state}):
         if (NETNS_DIR / name).exists():
             _run(["ip", "netns", "delete", name], check=False)
+    remove_container_cgroups({*container_ids, *ids_in_state})
     delete_link(Link(netns, host_if, "", "", ""))
     Path(f"/run/holdwarden-node-{netns}").unlink(missing_ok=True)
 
@@ -378,6 +430,7 @@ class RealNode:
         self.phase_seconds: dict[str, float] = {}
         self._marker = Path(f"/run/holdwarden-node-{link.netns}")
         self.pod_netns: set[str] = set()
+        self.container_ids: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -406,6 +459,7 @@ class RealNode:
             # The Pods' network namespaces (/run/netns/cni-*): containerd's CRI removes one
             # when the kubelet stops its sandbox, not when a task is killed here.
             for container in _run([*ctr, "containers", "ls", "-q"], check=False).split():
+                self.container_ids.add(container)
                 info = _run([*ctr, "containers", "info", container], check=False, timeout=15)
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     for space in json.loads(info)["Spec"]["linux"]["namespaces"]:

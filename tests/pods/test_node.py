@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 
 from rig.localcluster import LocalCluster
 from rig.localcluster.images import HELLO_IMAGE, PAUSE_IMAGE, build_image
-from rig.localcluster.realnode import NETNS_DIR
+from rig.localcluster.realnode import NETNS_DIR, container_cgroups
 from tests.pods.conftest import report_rss
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(600)]
@@ -141,8 +141,12 @@ def test_stop_leaves_nothing_behind() -> None:
                 lambda: _phase(core, namespace, "sleeper") == "Running",
             )
             running = _pod_netns()
+            containers = set(cluster.node.running_tasks())
     finally:
         cluster.stop()
+    # The sandbox and the container had cgroups of their own, gone with the stop.
+    assert len(containers) >= 2, containers
+    assert container_cgroups(containers) == []
     # The running Pod had a network namespace of its own, and it went with the stop.
     assert running - before, (running, before)
     assert _pod_netns() <= before, (_pod_netns(), before)
@@ -180,6 +184,10 @@ def test_killed_owner_leaves_nothing_behind() -> None:
         _, workdir, netns = line.split()
         running = _pod_netns()
         assert running - before
+        runc_states = Path(workdir, "node", "containerd", "runc").glob("*/*/state.json")
+        containers = {state.parent.name for state in runc_states}
+        assert len(containers) >= 2, containers  # the sandbox and the container
+        assert container_cgroups(containers), containers
     finally:
         owner.kill()
         owner.wait()
@@ -193,6 +201,7 @@ def test_killed_owner_leaves_nothing_behind() -> None:
             "processes": any(
                 workdir in _cmdline(e) for e in Path("/proc").iterdir() if e.name.isdigit()
             ),
+            "cgroups": bool(container_cgroups(containers)),
         }
         if not any(left.values()):
             return

@@ -133,3 +133,26 @@ def test_running_tasks_are_the_running_rows_of_ctr_tasks_ls() -> None:
         "0f3c9a2b7d1e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c": 4321
     }
     assert running_tasks("TASK    PID    STATUS\n") == {}
+
+
+def test_a_containers_cgroups_are_removed_in_every_hierarchy_once_empty(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from rig.localcluster import realnode
+
+    monkeypatch.setattr(realnode, "CGROUP_FS", tmp_path)
+    monkeypatch.setattr(realnode, "CGROUP_RMDIR_SECONDS", 0.3)
+    gone, busy, other_run = "a" * 64, "b" * 64, "c" * 64
+    for hierarchy in ("cpu", "memory", "unified"):
+        for container in (gone, busy, other_run):
+            (tmp_path / hierarchy / "k8s.io" / container).mkdir(parents=True)
+    # A cgroup that still holds something cannot be removed (rmdir of a non-empty folder
+    # fails as the kernel's rmdir of a cgroup with a process does).
+    (tmp_path / "memory" / "k8s.io" / busy / "tasks").write_text("1\n")
+    left = realnode.remove_container_cgroups([gone, busy, "../../etc", "k8s.io"])
+    assert left == [tmp_path / "memory" / "k8s.io" / busy]
+    assert realnode.container_cgroups([gone]) == []
+    assert realnode.container_cgroups([other_run]) == [
+        tmp_path / h / "k8s.io" / other_run for h in ("cpu", "memory", "unified")
+    ]
+    assert realnode.container_cgroups(["../k8s.io", "x" * 64]) == []
