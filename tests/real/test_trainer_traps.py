@@ -132,8 +132,10 @@ def test_a_held_trainjob_whose_runtime_is_deleted_cannot_be_released_and_is_name
         wait_local_queue_active(real_admin, real_namespace)
         queue = LOCAL_QUEUE
     objects = Objects(real_admin, real_namespace)
-    with real_cluster.api_client(SUPERVISOR_IDENTITY) as supervisor:
-        adapter = Adapter(Config(mode=mode), supervisor)  # type: ignore[arg-type]
+    with (
+        real_cluster.api_client(SUPERVISOR_IDENTITY) as supervisor,
+        Adapter(Config(mode=mode), supervisor) as adapter,  # type: ignore[arg-type]
+    ):
         body = job(real_namespace, runtime, queue)
         eventually(
             lambda: not created_refused_for_runtime(real_admin, body),
@@ -216,8 +218,10 @@ def test_a_kueue_hold_of_a_running_trainjob_whose_runtime_is_gone_is_refused_and
     make_queues(real_admin, real_namespace)
     wait_local_queue_active(real_admin, real_namespace)
     objects = Objects(real_admin, real_namespace)
-    with real_cluster.api_client(SUPERVISOR_IDENTITY) as supervisor:
-        adapter = Adapter(Config(mode="kueue"), supervisor)
+    with (
+        real_cluster.api_client(SUPERVISOR_IDENTITY) as supervisor,
+        Adapter(Config(mode="kueue"), supervisor) as adapter,
+    ):
         body = job(real_namespace, runtime, LOCAL_QUEUE)
         eventually(
             lambda: not created_refused_for_runtime(real_admin, body),
