@@ -20,6 +20,7 @@ of the StatefulSet's template (no class either) bind to.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -132,8 +133,11 @@ def provide_volumes(cluster: LocalCluster, count: int) -> list[str]:
         folder = cluster.workdir / f"audit-volume-{index}"
         folder.mkdir(mode=0o750)
         os.chown(folder, 65532, 65532)
-        name = f"holdwarden-audit-{index}-{cluster.workdir.name[-8:].lower()}"
-        name = re.sub(r"[^a-z0-9-]", "-", name)
+        # PersistentVolumes are cluster-wide: the name carries the run's. A digest of its
+        # folder, because the folder's own name may end in "_" or "-", which a name may not
+        # (a loaded run's "holdwarden-audit-0-fcpd974-" was refused).
+        run = hashlib.sha256(str(cluster.workdir).encode()).hexdigest()[:8]
+        name = f"holdwarden-audit-{index}-{run}"
         volume: Any = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
